@@ -1,0 +1,65 @@
+"""hwplace: place the processes of a distributed RL/ML job on a cluster's hardware.
+
+Plugin authors need :data:`hookimpl`, :class:`HardwareBackend` and :class:`Device`. Importing hwplace
+imports neither ray nor torch.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from hwplace.cluster import Cluster, Node
+from hwplace.component import ComponentPlacement
+from hwplace.config import ClusterConfig, NodeGroup, load_config, parse_cluster_config
+from hwplace.errors import (
+    ChannelClosed,
+    ChannelEmpty,
+    ChannelFull,
+    ChannelTimeout,
+    ConfigError,
+    HwplaceError,
+    PlacementError,
+    PluginError,
+    WorkerError,
+)
+from hwplace.hardware import Device, HardwareBackend
+from hwplace.placement import Placement
+from hwplace.strategies import (
+    FlexiblePlacementStrategy,
+    NodePlacementStrategy,
+    PackedPlacementStrategy,
+    PlacementStrategy,
+)
+
+__version__ = "0.1.0"
+
+hookimpl = pluggy.HookimplMarker("hwplace")
+"""Marks a function of a hwplace plugin as a hook implementation."""
+
+__all__ = [
+    "ChannelClosed",
+    "ChannelEmpty",
+    "ChannelFull",
+    "ChannelTimeout",
+    "Cluster",
+    "ClusterConfig",
+    "ComponentPlacement",
+    "ConfigError",
+    "Device",
+    "FlexiblePlacementStrategy",
+    "HardwareBackend",
+    "HwplaceError",
+    "Node",
+    "NodeGroup",
+    "NodePlacementStrategy",
+    "PackedPlacementStrategy",
+    "Placement",
+    "PlacementError",
+    "PlacementStrategy",
+    "PluginError",
+    "WorkerError",
+    "__version__",
+    "hookimpl",
+    "load_config",
+    "parse_cluster_config",
+]

@@ -1,0 +1,116 @@
+"""``ComponentPlacement``: every component of ``cluster.component_placement``, resolved and checked at once."""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from hwplace.cluster import Cluster
+from hwplace.config import (
+    ClusterConfig,
+    ComponentSpec,
+    cluster_section,
+    did_you_mean,
+    load_config,
+    parse_cluster_config,
+)
+from hwplace.errors import ConfigError, PlacementError
+from hwplace.grammar import ResolvedEntry, parse_placement, resolve_placement
+from hwplace.placement import Placement, build_placements
+from hwplace.resources import ResourceSpace, resource_space
+from hwplace.strategies import FlexiblePlacementStrategy, NodePlacementStrategy, PlacementStrategy
+
+
+class ComponentPlacement:
+    """Parses ``cluster.component_placement`` of a whole config against a cluster.
+
+    Every component is placed when this object is built, so every mistake surfaces here as a
+    :class:`~hwplace.PlacementError` naming the component and quoting the entry, not at launch.
+    """
+
+    def __init__(self, config: str | os.PathLike[str] | Mapping[str, Any] | Any, cluster: Cluster) -> None:
+        self.config: ClusterConfig = parse_cluster_config(cluster_section(load_config(config)))
+        if self.config.num_nodes > cluster.num_nodes:
+            raise ConfigError("cluster.num_nodes", f"is {self.config.num_nodes} but the cluster has "
+                              f"{cluster.num_nodes} node(s)", allowed="build the Cluster with the same config")
+        if not self.config.components:
+            raise ConfigError("cluster.component_placement", "is missing or empty: no component to place")
+        self.cluster = cluster
+        self._strategies: dict[str, PlacementStrategy] = {}
+        self._placements: dict[str, list[Placement]] = {}
+        spaces: dict[tuple[str, ...], ResourceSpace] = {}
+        for name, spec in self.config.components.items():
+            if spec.node_groups not in spaces:
+                groups = [self.config.group(label) for label in spec.node_groups]
+                try:
+                    spaces[spec.node_groups] = resource_space(cluster, groups)
+                except PlacementError as exc:
+                    raise exc.located(name, spec.placement, None) from None
+            self._place(spec, spaces[spec.node_groups])
+
+    def _place(self, spec: ComponentSpec, space: ResourceSpace) -> None:
+        text = spec.placement
+        try:
+            resolved = resolve_placement(text, parse_placement(text), len(space), space.description)
+        except PlacementError as exc:
+            raise exc.located(spec.name, text, exc.span) from None
+        groups = [self.config.group(label) for label in spec.node_groups]
+        lists = [ids for entry in resolved for ids in entry.resource_lists()]
+        strategy: PlacementStrategy
+        if space.is_node_kind:
+            for entry in resolved:
+                if entry.num_resources > entry.num_processes:
+                    raise PlacementError(
+                        f"{entry.num_resources} nodes for {entry.num_processes} process(es): a process holds "
+                        "exactly one node; give at least as many processes as nodes",
+                        component=spec.name, text=text, span=entry.entry.span)
+            strategy = NodePlacementStrategy([ids[0] for ids in lists], node_group=groups)
+        else:
+            strategy = FlexiblePlacementStrategy(lists, node_group=groups)
+        try:
+            placements = build_placements(self.cluster, space, lists, isolate_accelerator=True)
+        except PlacementError as exc:
+            raise exc.located(spec.name, text, _entry_span(resolved, exc.rank)) from None
+        self._strategies[spec.name] = strategy
+        self._placements[spec.name] = placements
+
+    @property
+    def components(self) -> list[str]:
+        """Component names, in config order."""
+        return list(self._strategies)
+
+    def _known(self, name: str) -> None:
+        if name not in self._strategies:
+            raise ConfigError("cluster.component_placement", f"has no component {name!r}",
+                              allowed=f"components: {', '.join(self._strategies)}"
+                                      f"{did_you_mean(name, list(self._strategies))}")
+
+    def get_strategy(self, name: str) -> PlacementStrategy:
+        """The strategy that places component ``name``."""
+        self._known(name)
+        return self._strategies[name]
+
+    def get_world_size(self, name: str) -> int:
+        """How many processes component ``name`` has."""
+        self._known(name)
+        return len(self._placements[name])
+
+    def get_placements(self, name: str) -> list[Placement]:
+        """The placements of component ``name`` (accelerators isolated), in rank order."""
+        self._known(name)
+        return list(self._placements[name])
+
+    def spec(self, name: str) -> ComponentSpec:
+        """The configured node groups and placement string of component ``name``."""
+        self._known(name)
+        return self.config.components[name]
+
+
+def _entry_span(resolved: list[ResolvedEntry], rank: int | None) -> tuple[int, int] | None:
+    if rank is None or not resolved:
+        return None
+    index = bisect.bisect_right([e.first_process for e in resolved], rank) - 1
+    return resolved[max(index, 0)].entry.span
+

@@ -1,0 +1,473 @@
+"""The ``cluster:`` section: loading (YAML path, dict, OmegaConf) and validation into typed records.
+
+Every rule is checked here, up front; every violation is a :class:`~hwplace.ConfigError` naming the key
+path, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hwplace.errors import ConfigError
+from hwplace.grammar import parse_range
+
+RESERVED_GROUPS = ("cluster", "node")
+_LABEL = re.compile(r"^[A-Za-z0-9_.-]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+_CLUSTER_KEYS = ("num_nodes", "address", "node_groups", "component_placement")
+_GROUP_KEYS = ("label", "node_ranks", "env_configs", "hardware", "ignore_hardware")
+_ENV_CONFIG_KEYS = ("node_ranks", "env_vars", "python_interpreter_path")
+_HARDWARE_KEYS = ("type", "configs")
+_COMPONENT_KEYS = ("node_group", "placement")
+
+
+# -- records ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Environment and interpreter for some nodes of a group."""
+
+    node_ranks: tuple[int, ...]
+    env_vars: Mapping[str, str]
+    python_interpreter_path: str | None = None
+
+
+@dataclass(frozen=True)
+class HardwareConfig:
+    """A group's declared hardware type, and for device backends the per-node device configs."""
+
+    type: str
+    configs: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """A labelled set of nodes; ``hardware`` and ``ignore_hardware`` decide what its resources are."""
+
+    label: str
+    node_ranks: tuple[int, ...]
+    env_configs: tuple[EnvConfig, ...] = ()
+    hardware: HardwareConfig | None = None
+    ignore_hardware: bool = False
+    path: str = "cluster"
+
+    def env_vars(self, node_rank: int) -> dict[str, str]:
+        """The environment variables this group sets on one of its nodes."""
+        env: dict[str, str] = {}
+        for config in self.env_configs:
+            if node_rank in config.node_ranks:
+                env.update(config.env_vars)
+        return env
+
+    def python_interpreter_path(self, node_rank: int) -> str | None:
+        """The interpreter this group's processes use on one of its nodes, ``None`` for the default."""
+        for config in self.env_configs:
+            if node_rank in config.node_ranks and config.python_interpreter_path:
+                return config.python_interpreter_path
+        return None
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One component's placement as configured: the node group(s) and the placement string."""
+
+    name: str
+    node_groups: tuple[str, ...]
+    placement: str
+    path: str
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The validated ``cluster:`` section."""
+
+    num_nodes: int
+    address: str | None = None
+    node_groups: tuple[NodeGroup, ...] = ()
+    components: Mapping[str, ComponentSpec] = field(default_factory=dict)
+
+    def group(self, label: str) -> NodeGroup:
+        """A configured group, or the reserved ``cluster`` / ``node`` group, by label."""
+        if label in RESERVED_GROUPS:
+            return NodeGroup(label, tuple(range(self.num_nodes)), ignore_hardware=label == "node",
+                             path=f"cluster (reserved group {label!r})")
+        for group in self.node_groups:
+            if group.label == label:
+                return group
+        labels = [g.label for g in self.node_groups] + list(RESERVED_GROUPS)
+        raise ConfigError("cluster.node_groups", f"there is no node group {label!r}",
+                          allowed=f"groups: {', '.join(labels)}{did_you_mean(label, labels)}")
+
+    def declared_configs(self, node_rank: int) -> dict[str, list[Mapping[str, Any]]]:
+        """The device configs every group declares for one node, by hardware type, in declaration order."""
+        found: dict[str, list[Mapping[str, Any]]] = {}
+        for group in self.node_groups:
+            if group.hardware is not None:
+                for config in group.hardware.configs:
+                    if config["node_rank"] == node_rank:
+                        found.setdefault(group.hardware.type, []).append(config)
+        return found
+
+
+# -- loading ----------------------------------------------------------------------------------------
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` with YAML 1.2 integers: ``1:30`` stays a string (not the base-60 ``90``)."""
+
+
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:int"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789")
+)
+
+
+def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | Any) -> dict[str, Any]:
+    """A whole configuration as plain dicts and lists, from a YAML path, a mapping or an OmegaConf object."""
+    if isinstance(source, str | os.PathLike):
+        path = Path(source)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigError("", f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+        try:
+            loaded = yaml.load(text, Loader=_YamlLoader)
+        except yaml.YAMLError as exc:
+            raise ConfigError("", f"{path} is not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError("", f"{path} must hold a mapping at the top level",
+                              value=type(loaded).__name__)
+        return loaded
+    plain = to_plain(source)
+    if not isinstance(plain, dict):
+        raise ConfigError("", "a config is a YAML file path, a mapping or an OmegaConf DictConfig",
+                          value=type(source).__name__)
+    return plain
+
+
+def to_plain(value: Any) -> Any:
+    """Turn OmegaConf containers (without importing OmegaConf otherwise) and mappings into dicts/lists."""
+    if type(value).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf  # only reached when the caller already uses OmegaConf
+
+        try:
+            return OmegaConf.to_container(value, resolve=True)
+        except Exception as exc:
+            raise ConfigError("", f"cannot resolve the OmegaConf config: {exc}") from None
+    if isinstance(value, Mapping):
+        return {key: to_plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_plain(item) for item in value]
+    return value
+
+
+def cluster_section(config: Mapping[str, Any]) -> Any:
+    """The ``cluster:`` section of a whole config."""
+    if "cluster" not in config:
+        hint = ""
+        if "num_nodes" in config or "component_placement" in config:
+            hint = "; this looks like the cluster section itself: pass the whole config that contains it"
+        raise ConfigError("cluster", f"the config has no 'cluster' section{hint}",
+                          allowed=f"top-level keys found: {', '.join(map(str, config)) or 'none'}")
+    return config["cluster"]
+
+
+# -- validation -------------------------------------------------------------------------------------
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest choice, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _check_keys(mapping: Mapping[Any, Any], allowed: Sequence[str], path: str) -> None:
+    for key in mapping:
+        if key not in allowed:
+            raise ConfigError(f"{path}.{key}", "unknown key",
+                              allowed=f"allowed keys: {', '.join(allowed)}{did_you_mean(str(key), allowed)}")
+
+
+def _mapping(value: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, "must be a mapping", value=value)
+    return value
+
+
+def _int(value: Any, path: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(path, "must be an integer", value=value)
+    if value < minimum:
+        raise ConfigError(path, f"must be at least {minimum}", value=value)
+    return value
+
+
+def parse_node_ranks(value: Any, path: str, num_nodes: int) -> tuple[int, ...]:
+    """Node ranks as ``"0-1"``, ``"0,2-3"``, ``1``, ``[0, 1]`` or ``"all"``, sorted and checked."""
+    allowed = f"allowed: 'all', a rank, a range 'a-b', a comma list '0,2-3' or a list, within 0-{num_nodes - 1}"
+    if isinstance(value, str) and value.strip() == "all":
+        return tuple(range(num_nodes))
+    if isinstance(value, bool) or value is None:
+        raise ConfigError(path, "is not a node rank specification", value=value, allowed=allowed)
+    if isinstance(value, int):
+        parts: list[Any] = [value]
+    elif isinstance(value, str):
+        parts = value.split(",")
+    elif isinstance(value, list | tuple):
+        parts = list(value)
+    else:
+        raise ConfigError(path, "is not a node rank specification", value=value, allowed=allowed)
+    ranks: list[int] = []
+    for part in parts:
+        if isinstance(part, bool) or not isinstance(part, int | str):
+            raise ConfigError(path, f"{part!r} is not a node rank", value=value, allowed=allowed)
+        if isinstance(part, int):
+            pair: tuple[int, int] | None = (part, part) if part >= 0 else None
+        else:
+            try:
+                pair = parse_range(part)
+            except ValueError as exc:
+                raise ConfigError(path, str(exc), value=value) from None
+        if pair is None:
+            raise ConfigError(path, f"{part!r} is not a node rank or range", value=value, allowed=allowed)
+        if pair[1] >= num_nodes:
+            raise ConfigError(path, f"node rank {pair[1]} is out of range: cluster.num_nodes is {num_nodes}",
+                              value=value, allowed=allowed)
+        ranks.extend(range(pair[0], pair[1] + 1))
+    if not ranks:
+        raise ConfigError(path, "names no node", value=value, allowed=allowed)
+    duplicates = sorted(rank for rank, count in Counter(ranks).items() if count > 1)
+    if duplicates:
+        raise ConfigError(path, f"node rank(s) {duplicates} appear more than once", value=value)
+    return tuple(sorted(ranks))
+
+
+def _env_vars(value: Any, path: str) -> dict[str, str]:
+    pairs: list[tuple[Any, Any, str]] = []
+    if isinstance(value, Mapping):
+        pairs = [(k, v, f"{path}.{k}") for k, v in value.items()]
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if not isinstance(item, Mapping) or len(item) != 1:
+                raise ConfigError(f"{path}[{i}]", "must be a mapping with exactly one key", value=item)
+            ((k, v),) = item.items()
+            pairs.append((k, v, f"{path}[{i}].{k}"))
+    else:
+        raise ConfigError(path, "must be a mapping or a list of one-key mappings", value=value)
+    env: dict[str, str] = {}
+    for name, raw, where in pairs:
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise ConfigError(where, "is not a valid environment variable name", value=name,
+                              allowed="letters, digits and '_', not starting with a digit")
+        if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+            raise ConfigError(where, "environment values are strings or numbers", value=raw,
+                              allowed="quote booleans and other values, e.g. 'true'")
+        if name in env and env[name] != str(raw):
+            raise ConfigError(where, f"is set twice, to {env[name]!r} and {str(raw)!r}")
+        env[name] = str(raw)
+    return env
+
+
+def _env_configs(value: Any, path: str, group_ranks: tuple[int, ...], num_nodes: int) -> tuple[EnvConfig, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(path, "must be a list of {node_ranks, env_vars, python_interpreter_path}", value=value)
+    configs: list[EnvConfig] = []
+    for i, raw in enumerate(value):
+        where = f"{path}[{i}]"
+        raw = _mapping(raw, where)
+        _check_keys(raw, _ENV_CONFIG_KEYS, where)
+        if "node_ranks" not in raw:
+            raise ConfigError(f"{where}.node_ranks", "is required")
+        ranks = parse_node_ranks(raw["node_ranks"], f"{where}.node_ranks", num_nodes)
+        outside = [r for r in ranks if r not in group_ranks]
+        if outside:
+            raise ConfigError(f"{where}.node_ranks", f"node rank(s) {outside} are not in this group",
+                              value=raw["node_ranks"], allowed=f"the group's nodes are {list(group_ranks)}")
+        env = _env_vars(raw.get("env_vars", {}), f"{where}.env_vars")
+        interpreter = raw.get("python_interpreter_path")
+        if interpreter is not None and (not isinstance(interpreter, str) or not interpreter.strip()):
+            raise ConfigError(f"{where}.python_interpreter_path", "must be a non-empty path", value=interpreter)
+        configs.append(EnvConfig(ranks, env, interpreter))
+    # The same variable may differ between nodes, never on one node.
+    for node in group_ranks:
+        seen: dict[str, tuple[str, int]] = {}
+        interpreters: dict[str, int] = {}
+        for i, config in enumerate(configs):
+            if node not in config.node_ranks:
+                continue
+            for name, val in config.env_vars.items():
+                if name in seen and seen[name][0] != val:
+                    raise ConfigError(f"{path}[{i}].env_vars.{name}",
+                                      f"sets {val!r} on node {node}, where {path}[{seen[name][1]}] "
+                                      f"already sets {seen[name][0]!r}")
+                seen[name] = (val, i)
+            if config.python_interpreter_path:
+                interpreters[config.python_interpreter_path] = i
+        if len(interpreters) > 1:
+            raise ConfigError(f"{path}[{max(interpreters.values())}].python_interpreter_path",
+                              f"node {node} is given several interpreters: {', '.join(interpreters)}")
+    return tuple(configs)
+
+
+def _hardware(value: Any, path: str, group_ranks: tuple[int, ...]) -> HardwareConfig:
+    from hwplace.plugin_manager import get_plugin_manager
+
+    raw = _mapping(value, path)
+    _check_keys(raw, _HARDWARE_KEYS, path)
+    backends = get_plugin_manager().backends()
+    kind_names = sorted(name for name, info in backends.items() if info.kind != "node")
+    type_name = raw.get("type")
+    if not isinstance(type_name, str):
+        raise ConfigError(f"{path}.type", "is required: the name of a hardware backend", value=type_name,
+                          allowed=f"registered types: {', '.join(kind_names)}")
+    if type_name not in backends or backends[type_name].kind == "node":
+        hint = "; for plain nodes use 'ignore_hardware: true' or no hardware at all" if type_name in backends else ""
+        raise ConfigError(f"{path}.type", f"no hardware backend is named {type_name!r}{hint}",
+                          allowed=f"registered types: {', '.join(kind_names)}{did_you_mean(type_name, kind_names)}")
+    backend = backends[type_name].backend
+    configs_raw = raw.get("configs")
+    if backend.kind == "accelerator":
+        if configs_raw:
+            raise ConfigError(f"{path}.configs", f"{type_name!r} is an accelerator backend: its devices are "
+                              "found on every node, not declared", allowed="leave configs out")
+        return HardwareConfig(type_name)
+    if not isinstance(configs_raw, list) or not configs_raw:
+        raise ConfigError(f"{path}.configs", f"{type_name!r} devices must be declared: a non-empty list of "
+                          "mappings, each with a node_rank", value=configs_raw)
+    configs: list[Mapping[str, Any]] = []
+    for i, config in enumerate(configs_raw):
+        where = f"{path}.configs[{i}]"
+        config = _mapping(config, where)
+        if "node_rank" not in config:
+            raise ConfigError(f"{where}.node_rank", "is required: the node the device is attached to")
+        node_rank = _int(config["node_rank"], f"{where}.node_rank")
+        if node_rank not in group_ranks:
+            raise ConfigError(f"{where}.node_rank", f"node {node_rank} is not in this group",
+                              allowed=f"the group's nodes are {list(group_ranks)}")
+        try:
+            backend.check_config(config)
+        except ValueError as exc:
+            raise ConfigError(where, str(exc), allowed=f"see the {type_name!r} backend's documentation") from None
+        configs.append(dict(config))
+    return HardwareConfig(type_name, tuple(configs))
+
+
+def _node_group(raw: Any, path: str, num_nodes: int) -> NodeGroup:
+    raw = _mapping(raw, path)
+    _check_keys(raw, _GROUP_KEYS, path)
+    label = raw.get("label")
+    if not isinstance(label, str) or not _LABEL.match(label):
+        raise ConfigError(f"{path}.label", "is required: letters, digits, '_', '.' and '-'", value=label)
+    if label in RESERVED_GROUPS:
+        raise ConfigError(f"{path}.label", f"{label!r} is reserved (the built-in groups are "
+                          f"{' and '.join(map(repr, RESERVED_GROUPS))})", allowed="choose another label")
+    if "node_ranks" not in raw:
+        raise ConfigError(f"{path}.node_ranks", "is required")
+    ranks = parse_node_ranks(raw["node_ranks"], f"{path}.node_ranks", num_nodes)
+    env_configs = _env_configs(raw.get("env_configs", []), f"{path}.env_configs", ranks, num_nodes)
+    ignore = raw.get("ignore_hardware", False)
+    if not isinstance(ignore, bool):
+        raise ConfigError(f"{path}.ignore_hardware", "must be true or false", value=ignore)
+    hardware = None
+    if raw.get("hardware") is not None:
+        if ignore:
+            raise ConfigError(f"{path}.ignore_hardware", "cannot be true in a group that declares hardware")
+        hardware = _hardware(raw["hardware"], f"{path}.hardware", ranks)
+    return NodeGroup(label, ranks, env_configs, hardware, ignore, path)
+
+
+def _component_path(key: str) -> str:
+    return f"cluster.component_placement.{key}" if _LABEL.match(key) else f"cluster.component_placement[{key!r}]"
+
+
+def _components(raw: Any, labels: Sequence[str]) -> dict[str, ComponentSpec]:
+    raw = _mapping(raw, "cluster.component_placement")
+    components: dict[str, ComponentSpec] = {}
+    for key, value in raw.items():
+        path = _component_path(str(key))
+        if not isinstance(key, str):
+            raise ConfigError(path, "component names are strings", value=key)
+        names = [name.strip() for name in key.split(",")]
+        for name in names:
+            if not _LABEL.match(name):
+                raise ConfigError(path, f"{name!r} is not a component name",
+                                  allowed="names of letters, digits, '_', '.' and '-', joined by commas")
+            if name in components:
+                raise ConfigError(path, f"component {name!r} is placed twice "
+                                  f"(also in {components[name].path})")
+        groups: tuple[str, ...] = ("cluster",)
+        if isinstance(value, Mapping):
+            _check_keys(value, _COMPONENT_KEYS, path)
+            if "placement" not in value:
+                raise ConfigError(f"{path}.placement", "is required")
+            groups = _group_labels(value.get("node_group", "cluster"), f"{path}.node_group", labels)
+            value = value["placement"]
+            path = f"{path}.placement"
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise ConfigError(path, "a placement is a string such as '0-7' or '0-1:0-3,4-7', or an integer",
+                              value=value)
+        for name in names:
+            components[name] = ComponentSpec(name, groups, str(value), path)
+    return components
+
+
+def _group_labels(value: Any, path: str, labels: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        items: list[Any] = value.split(",")
+    elif isinstance(value, list | tuple) and value:
+        items = list(value)
+    else:
+        raise ConfigError(path, "must be a group label, 'a,b' or a list of labels", value=value)
+    groups = []
+    for item in items:
+        label = item.strip() if isinstance(item, str) else item
+        if label not in labels:
+            raise ConfigError(path, f"there is no node group {label!r}",
+                              allowed=f"groups: {', '.join(labels)}{did_you_mean(str(label), labels)}")
+        if label in groups:
+            raise ConfigError(path, f"group {label!r} is listed twice", value=value)
+        groups.append(label)
+    return tuple(groups)
+
+
+def parse_cluster_config(section: Any) -> ClusterConfig:
+    """Validate a ``cluster:`` section (mapping or OmegaConf) into a :class:`ClusterConfig`."""
+    if isinstance(section, ClusterConfig):
+        return section
+    raw = _mapping(to_plain(section), "cluster")
+    _check_keys(raw, _CLUSTER_KEYS, "cluster")
+    if "num_nodes" not in raw:
+        raise ConfigError("cluster.num_nodes", "is required: the number of nodes the job uses")
+    num_nodes = _int(raw["num_nodes"], "cluster.num_nodes", minimum=1)
+    address = raw.get("address")
+    if address is not None and (not isinstance(address, str) or not address.strip()):
+        raise ConfigError("cluster.address", "must be 'auto' or a Ray address such as 'ray://head:10001'",
+                          value=address)
+    groups_raw = raw.get("node_groups") or []
+    if not isinstance(groups_raw, list):
+        raise ConfigError("cluster.node_groups", "must be a list of node groups", value=groups_raw)
+    groups: list[NodeGroup] = []
+    for i, group_raw in enumerate(groups_raw):
+        group = _node_group(group_raw, f"cluster.node_groups[{i}]", num_nodes)
+        for other in groups:
+            if other.label == group.label:
+                raise ConfigError(f"cluster.node_groups[{i}].label",
+                                  f"label {group.label!r} is already used by {other.path}")
+        groups.append(group)
+    labels = [g.label for g in groups] + list(RESERVED_GROUPS)
+    components = _components(raw.get("component_placement") or {}, labels)
+    return ClusterConfig(num_nodes, address, tuple(groups), components)

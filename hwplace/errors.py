@@ -1,0 +1,98 @@
+"""The one error hierarchy of hwplace, rooted at :class:`HwplaceError`."""
+
+from __future__ import annotations
+
+import queue
+from typing import Any
+
+
+class HwplaceError(Exception):
+    """Base of every error hwplace raises on purpose."""
+
+
+class ConfigError(HwplaceError, ValueError):
+    """A configuration value breaks a rule.
+
+    ``path`` is the key path (``cluster.node_groups[1].node_ranks``), ``value`` the offending value and
+    ``allowed`` a short statement of what would be accepted.
+    """
+
+    def __init__(self, path: str, problem: str, *, value: Any = None, allowed: str | None = None) -> None:
+        self.path = path
+        self.problem = problem
+        self.value = value
+        self.allowed = allowed
+        message = f"{path}: {problem}" if path else problem
+        if value is not None:
+            message += f" (got {value!r})"
+        if allowed:
+            message += f"; {allowed}"
+        super().__init__(message)
+
+
+class PlacementError(HwplaceError, ValueError):
+    """A placement cannot be realised.
+
+    ``component`` names the component (or is ``None`` for a strategy used directly), ``text`` is the whole
+    placement string, ``span`` the ``(start, end)`` offsets of the offending entry in it, and ``rank`` the
+    process rank concerned, where one is.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        component: str | None = None,
+        text: str | None = None,
+        span: tuple[int, int] | None = None,
+        rank: int | None = None,
+    ) -> None:
+        self.reason = reason
+        self.component = component
+        self.text = text
+        self.span = span
+        self.rank = rank
+        super().__init__(self._message())
+
+    @property
+    def entry(self) -> str | None:
+        """The offending entry of the placement string, as written."""
+        if self.text is None or self.span is None:
+            return None
+        return self.text[self.span[0] : self.span[1]]
+
+    def _message(self) -> str:
+        where = []
+        if self.component is not None:
+            where.append(f"component {self.component!r}")
+        if self.entry is not None:
+            where.append(f"entry {self.entry!r} of {self.text!r}")
+        return f"{', '.join(where)}: {self.reason}" if where else self.reason
+
+    def located(self, component: str, text: str, span: tuple[int, int] | None) -> PlacementError:
+        """The same error, placed in a component's placement string."""
+        return PlacementError(self.reason, component=component, text=text, span=span, rank=self.rank)
+
+
+class PluginError(HwplaceError):
+    """A plugin or hardware backend is broken or conflicts with another."""
+
+
+class WorkerError(HwplaceError, RuntimeError):
+    """A worker method raised or a worker process died."""
+
+
+class ChannelClosed(HwplaceError):
+    """The channel was closed."""
+
+
+class ChannelEmpty(HwplaceError, queue.Empty):
+    """A non-blocking get found the queue empty."""
+
+
+class ChannelFull(HwplaceError, queue.Full):
+    """A non-blocking put found the queue full."""
+
+
+class ChannelTimeout(HwplaceError, TimeoutError):
+    """A channel operation did not complete within its timeout."""

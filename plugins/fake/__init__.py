@@ -1,0 +1,74 @@
+"""The fake backend: accelerators counted from ``HWPLACE_FAKE_ACCELERATORS``, robots from the config.
+
+It behaves like a real backend in every other way, so the whole engine can be exercised anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import hwplace
+
+COUNT_VARIABLE = "HWPLACE_FAKE_ACCELERATORS"
+ROBOT_KEYS = ("node_rank", "name", "model", "unhealthy")
+
+
+class FakeAccelerator(hwplace.HardwareBackend):
+    """``HWPLACE_FAKE_ACCELERATORS`` accelerators on each node, isolated by ``FAKE_VISIBLE_DEVICES``."""
+
+    name = "fake-accelerator"
+    kind = "accelerator"
+
+    def detect(self, configs: Sequence[Mapping[str, Any]]) -> list[hwplace.Device]:
+        raw = os.environ.get(COUNT_VARIABLE, "").strip()
+        if not raw:
+            return []
+        if not raw.isdigit():
+            raise ValueError(f"{COUNT_VARIABLE} must be a non-negative integer, got {raw!r}")
+        host = socket.gethostname()
+        return [
+            hwplace.Device(i, "hwplace fake accelerator",
+                           properties={"uuid": f"FAKE-{host}-{i}", "memory_bytes": 80 * 2**30})
+            for i in range(int(raw))
+        ]
+
+    def isolation_env(self, local_ids: Sequence[int]) -> dict[str, str]:
+        return {"FAKE_VISIBLE_DEVICES": ",".join(map(str, local_ids))}
+
+
+class FakeRobot(hwplace.HardwareBackend):
+    """One robot per ``hardware.configs`` entry; ``unhealthy: "reason"`` makes one report a fault."""
+
+    name = "fake-robot"
+    kind = "device"
+
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        unknown = sorted(set(config) - set(ROBOT_KEYS))
+        if unknown:
+            raise ValueError(f"unknown fake-robot key(s) {unknown}; allowed: {', '.join(ROBOT_KEYS)}")
+        for key in ("name", "model", "unhealthy"):
+            if key in config and not isinstance(config[key], str):
+                raise ValueError(f"fake-robot {key} must be a string, got {config[key]!r}")
+
+    def detect(self, configs: Sequence[Mapping[str, Any]]) -> list[hwplace.Device]:
+        return [
+            hwplace.Device(
+                i,
+                str(config.get("model", "hwplace fake robot")),
+                healthy="unhealthy" not in config,
+                reason=str(config.get("unhealthy", "")),
+                properties={"name": str(config.get("name", f"fake-robot-{i}"))},
+            )
+            for i, config in enumerate(configs)
+        ]
+
+    def isolation_env(self, local_ids: Sequence[int]) -> dict[str, str]:
+        return {"FAKE_ROBOTS": ",".join(map(str, local_ids))}
+
+
+@hwplace.hookimpl
+def hwplace_hardware_backends() -> list[hwplace.HardwareBackend]:
+    return [FakeAccelerator(), FakeRobot()]
