@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hwplace.cluster import Cluster
@@ -41,22 +43,23 @@ class ComponentPlacement:
         self._strategies: dict[str, PlacementStrategy] = {}
         self._placements: dict[str, list[Placement]] = {}
         spaces: dict[tuple[str, ...], ResourceSpace] = {}
-        for name, spec in self.config.components.items():
-            if spec.node_groups not in spaces:
-                groups = [self.config.group(label) for label in spec.node_groups]
-                try:
-                    spaces[spec.node_groups] = resource_space(cluster, groups)
-                except PlacementError as exc:
-                    raise exc.located(name, spec.placement, None) from None
-            self._place(spec, spaces[spec.node_groups])
+        with _gc_paused():  # tens of thousands of small records: collections would make planning superlinear
+            for spec in self.config.components.values():
+                self._place(spec, spaces)
 
-    def _place(self, spec: ComponentSpec, space: ResourceSpace) -> None:
+    def _place(self, spec: ComponentSpec, spaces: dict[tuple[str, ...], ResourceSpace]) -> None:
         text = spec.placement
+        groups = [self.config.group(label) for label in spec.node_groups]
+        if spec.node_groups not in spaces:
+            try:
+                spaces[spec.node_groups] = resource_space(self.cluster, groups)
+            except PlacementError as exc:
+                raise exc.located(spec.name, text, None) from None
+        space = spaces[spec.node_groups]
         try:
             resolved = resolve_placement(text, parse_placement(text), len(space), space.description)
         except PlacementError as exc:
             raise exc.located(spec.name, text, exc.span) from None
-        groups = [self.config.group(label) for label in spec.node_groups]
         lists = [ids for entry in resolved for ids in entry.resource_lists()]
         strategy: PlacementStrategy
         if space.is_node_kind:
@@ -106,6 +109,17 @@ class ComponentPlacement:
         """The configured node groups and placement string of component ``name``."""
         self._known(name)
         return self.config.components[name]
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _entry_span(resolved: list[ResolvedEntry], rank: int | None) -> tuple[int, int] | None:

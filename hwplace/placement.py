@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hwplace.cluster import Cluster, Node
 from hwplace.errors import PlacementError, PluginError
-from hwplace.resources import NODE, ResourceSpace
+from hwplace.resources import NODE, Resource, ResourceSpace
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,69 +32,82 @@ def build_placements(
     cluster: Cluster, space: ResourceSpace, id_lists: Sequence[Sequence[int]], isolate_accelerator: bool
 ) -> list[Placement]:
     """One placement per list of resource ranks, in rank order; every rule on a process is checked here."""
-    resources, count = space.resources, len(space.resources)
-    chosen = []
-    per_node: dict[int, int] = {}
+    resources = space.resources
+    chosen: list[tuple[Resource, list[int]]] = []
+    per_node = [0] * cluster.num_nodes
     for rank, ids in enumerate(id_lists):
-        bad = [i for i in ids if i >= count]
-        if bad:
-            ranks = f" (ranks 0-{count - 1})" if count else ""
-            raise PlacementError(f"process {rank} asks for resource {bad[0]}, but there are "
-                                 f"{space.description}{ranks}", rank=rank)
-        own = [resources[i] for i in ids]
-        first = own[0]
-        for res in own:
-            if res.node_rank != first.node_rank:
-                raise PlacementError(f"process {rank} would span nodes {first.node_rank} and {res.node_rank} "
-                                     f"(resources {list(ids)}); a process's resources must lie on one node",
-                                     rank=rank)
-            if res.hardware_type != first.hardware_type:
-                raise PlacementError(f"process {rank} would mix hardware types {first.hardware_type} and "
-                                     f"{res.hardware_type}; a process's resources are of one type", rank=rank)
-            if not res.device.healthy:
-                raise PlacementError(f"process {rank} would use {res.hardware_type} {res.local_index} on node "
-                                     f"{res.node_rank}, which is unhealthy: {res.device.reason or 'no reason given'}",
-                                     rank=rank)
-        if first.hardware_type == NODE and len(own) > 1:
-            raise PlacementError(f"process {rank} would hold {len(own)} nodes; a process holds exactly one node",
-                                 rank=rank)
-        chosen.append((first.node_rank, first.hardware_type, first.group, sorted(r.local_index for r in own)))
-        per_node[first.node_rank] = per_node.get(first.node_rank, 0) + 1
+        if len(ids) == 1:  # the common case, kept fast
+            if ids[0] >= len(resources):
+                raise _beyond(rank, ids[0], space)
+            first = resources[ids[0]]
+            if not first.device.healthy:
+                raise _unhealthy(rank, first)
+            local = [first.local_index]
+        else:
+            first, local = _own_resources(rank, ids, space)
+        chosen.append((first, local))
+        per_node[first.node_rank] += 1
     return _realise(cluster, chosen, per_node, isolate_accelerator)
 
 
+def _own_resources(rank: int, ids: Sequence[int], space: ResourceSpace) -> tuple[Resource, list[int]]:
+    bad = [i for i in ids if i >= len(space.resources)]
+    if bad:
+        raise _beyond(rank, bad[0], space)
+    own = [space.resources[i] for i in ids]
+    first = own[0]
+    for res in own:
+        if res.node_rank != first.node_rank:
+            raise PlacementError(f"process {rank} would span nodes {first.node_rank} and {res.node_rank} "
+                                 f"(resources {list(ids)}); a process's resources must lie on one node", rank=rank)
+        if res.hardware_type != first.hardware_type:
+            raise PlacementError(f"process {rank} would mix hardware types {first.hardware_type} and "
+                                 f"{res.hardware_type}; a process's resources are of one type", rank=rank)
+        if not res.device.healthy:
+            raise _unhealthy(rank, res)
+    if first.hardware_type == NODE:
+        raise PlacementError(f"process {rank} would hold {len(own)} nodes; a process holds exactly one node",
+                             rank=rank)
+    return first, sorted(r.local_index for r in own)
+
+
+def _beyond(rank: int, index: int, space: ResourceSpace) -> PlacementError:
+    ranks = f" (ranks 0-{len(space) - 1})" if len(space) else ""
+    return PlacementError(f"process {rank} asks for resource {index}, but there are {space.description}{ranks}",
+                          rank=rank)
+
+
+def _unhealthy(rank: int, res: Resource) -> PlacementError:
+    return PlacementError(f"process {rank} would use {res.hardware_type} {res.local_index} on node {res.node_rank}, "
+                          f"which is unhealthy: {res.device.reason or 'no reason given'}", rank=rank)
+
+
 def _realise(
-    cluster: Cluster, chosen: list[tuple[int, str, str, list[int]]], per_node: dict[int, int], isolate: bool
+    cluster: Cluster, chosen: list[tuple[Resource, list[int]]], per_node: list[int], isolate: bool
 ) -> list[Placement]:
     env_cache: dict[tuple[str, tuple[int, ...]], dict[str, str]] = {}
     node_accelerators: dict[int, list[int]] = {}
-    kinds: dict[str, str | None] = {}
-    next_local: dict[int, int] = {}
+    is_accelerator = {t: cluster.kind(t) == "accelerator" for t in {res.hardware_type for res, _ in chosen}}
+    next_local = [0] * len(per_node)
     placements = []
-    for rank, (node_rank, hardware_type, group, local) in enumerate(chosen):
+    for rank, (res, local) in enumerate(chosen):
+        node_rank, hardware_type = res.node_rank, res.hardware_type
         node = cluster.nodes[node_rank]
-        kind = kinds.get(hardware_type) or kinds.setdefault(hardware_type, cluster.kind(hardware_type))
-        if kind == "accelerator":
+        if is_accelerator[hardware_type]:
             visible = local if isolate else [d.index for d in node.devices(hardware_type)]
-            env_ids = visible
-            first = local[0]
+            env_ids, first = visible, local[0]
         else:
             if node_rank not in node_accelerators:
                 node_accelerators[node_rank] = _all_accelerators(cluster, node)
-            visible = node_accelerators[node_rank]
-            env_ids = local
-            first = -1
+            visible, env_ids, first = node_accelerators[node_rank], local, -1
         key = (hardware_type, tuple(env_ids))
-        if key not in env_cache:
-            env_cache[key] = _isolation_env(cluster, hardware_type, env_ids)
-        local_rank = next_local.get(node_rank, 0)
+        env = env_cache.get(key)
+        if env is None:
+            env = env_cache[key] = _isolation_env(cluster, hardware_type, env_ids)
+        local_rank = next_local[node_rank]
         next_local[node_rank] = local_rank + 1
-        placements.append(Placement(
-            rank=rank, node_id=node.node_id, node_rank=node_rank, local_accelerator_id=first,
-            local_rank=local_rank, local_world_size=per_node[node_rank], visible_accelerators=list(visible),
-            isolate_accelerator=isolate, local_hardware_ranks=list(local), hardware_type=hardware_type,
-            node_group=group, env=dict(env_cache[key]),
-        ))
+        placements.append(Placement(rank, node.node_id, node_rank, first, local_rank, per_node[node_rank],
+                                    list(visible), isolate, local, hardware_type, res.group, dict(env)))
     return placements
 
 
