@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pluggy
 
+from hwplace import testing
 from hwplace.cluster import Cluster, Node
 from hwplace.component import ComponentPlacement
 from hwplace.config import ClusterConfig, NodeGroup, load_config, parse_cluster_config
@@ -62,4 +63,5 @@ __all__ = [
     "hookimpl",
     "load_config",
     "parse_cluster_config",
+    "testing",
 ]

@@ -406,6 +406,8 @@ def _components(raw: Any, labels: Sequence[str]) -> dict[str, ComponentSpec]:
             if not _LABEL.match(name):
                 raise ConfigError(path, f"{name!r} is not a component name",
                                   allowed="names of letters, digits, '_', '.' and '-', joined by commas")
+            if names.count(name) > 1:
+                raise ConfigError(path, f"component {name!r} is placed twice in this key", value=key)
             if name in components:
                 raise ConfigError(path, f"component {name!r} is placed twice "
                                   f"(also in {components[name].path})")

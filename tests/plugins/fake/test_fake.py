@@ -1,0 +1,89 @@
+"""The fake backend: a first-class plugin that behaves like a real one."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import hwplace
+from hwplace.plugin_manager import PluginManager
+from hwplace_plugins.fake import FakeAccelerator, FakeRobot
+
+
+def test_accelerators_are_counted_from_the_node_environment(monkeypatch) -> None:
+    monkeypatch.setenv("HWPLACE_FAKE_ACCELERATORS", "3")
+    devices = FakeAccelerator().detect([])
+    assert [d.index for d in devices] == [0, 1, 2]
+    assert all(d.healthy for d in devices)
+    assert len({d.properties["uuid"] for d in devices}) == 3
+
+
+def test_no_variable_means_no_accelerators(monkeypatch) -> None:
+    monkeypatch.delenv("HWPLACE_FAKE_ACCELERATORS", raising=False)
+    assert FakeAccelerator().detect([]) == []
+
+
+def test_a_bad_count_is_reported_as_a_broken_backend(monkeypatch) -> None:
+    monkeypatch.setenv("HWPLACE_FAKE_ACCELERATORS", "eight")
+    detection = PluginManager().detect("fake-accelerator")
+    assert detection.devices == ()
+    assert "HWPLACE_FAKE_ACCELERATORS must be a non-negative integer, got 'eight'" in detection.error
+
+
+def test_isolation_variables() -> None:
+    assert FakeAccelerator().isolation_env([1, 3]) == {"FAKE_VISIBLE_DEVICES": "1,3"}
+    assert FakeRobot().isolation_env([0]) == {"FAKE_ROBOTS": "0"}
+
+
+def test_one_robot_per_config_with_its_health() -> None:
+    robots = FakeRobot().detect([{"node_rank": 0, "name": "arm"}, {"node_rank": 0, "unhealthy": "e-stop pressed"}])
+    assert [(r.index, r.healthy, r.reason, r.properties["name"]) for r in robots] == [
+        (0, True, "", "arm"), (1, False, "e-stop pressed", "fake-robot-1")]
+
+
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [({"node_rank": 0, "port": "/dev/ttyUSB0"}, "unknown fake-robot key"), ({"node_rank": 0, "name": 3}, "string")],
+)
+def test_robot_configs_are_checked(config, problem) -> None:
+    with pytest.raises(ValueError, match=problem):
+        FakeRobot().check_config(config)
+
+
+def test_fake_cluster_detects_per_node_counts_and_declared_robots() -> None:
+    cfg = {"num_nodes": 2, "node_groups": [{"label": "robot", "node_ranks": 1, "hardware": {
+        "type": "fake-robot", "configs": [{"node_rank": 1, "name": "a"}, {"node_rank": 1, "name": "b"}]}}]}
+    cluster = hwplace.testing.fake_cluster(cfg, accelerators_per_node=[4, 2])
+    assert [len(n.devices("fake-accelerator")) for n in cluster.nodes] == [4, 2]
+    assert [d.properties["name"] for d in cluster.nodes[1].devices("fake-robot")] == ["a", "b"]
+    assert cluster.nodes[0].devices("fake-robot") == ()
+    assert [n.node_id for n in cluster.nodes] == ["fake-node-0", "fake-node-1"]
+    assert cluster.problems == []
+
+
+def test_fake_cluster_leaves_the_callers_environment_alone(monkeypatch) -> None:
+    monkeypatch.setenv("HWPLACE_FAKE_ACCELERATORS", "7")
+    hwplace.testing.fake_cluster(num_nodes=3, accelerators_per_node=1)
+    assert os.environ["HWPLACE_FAKE_ACCELERATORS"] == "7"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({"num_nodes": 2, "accelerators_per_node": [8]}, "gives 1 counts for num_nodes=2"),
+        ({"accelerators_per_node": [8, -1]}, "-1 is not a non-negative integer"),
+        ({"accelerators_per_node": True}, "must be an integer"),
+        ({"accelerators_per_node": []}, "at least one node"),
+    ],
+)
+def test_fake_cluster_arguments_are_checked(kwargs, problem) -> None:
+    with pytest.raises(hwplace.ConfigError, match=problem):
+        hwplace.testing.fake_cluster(**kwargs)
+
+
+def test_fake_cluster_refuses_fewer_nodes_than_the_config_asks_for() -> None:
+    with pytest.raises(hwplace.ConfigError, match="asks for 4 nodes but 2 are available") as caught:
+        hwplace.testing.fake_cluster({"num_nodes": 4}, num_nodes=2)
+    assert caught.value.path == "cluster.num_nodes"
+    assert "fake-node-1" in str(caught.value)

@@ -1,0 +1,171 @@
+"""The command line: ``hwplace plan`` and ``hwplace hardware``."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hwplace.cli import main, parse_nodes
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_plan_prints_a_table_per_component() -> None:
+    code, out, err = run("plan", str(QUICKSTART), "--nodes", "2x8")
+    assert (code, err) == (0, "")
+    assert "rollout: 16 process(es) on group gpu, placement '8-15:0-15'" in out
+    assert "FAKE_VISIBLE_DEVICES=7" in out
+    lines = out.splitlines()
+    env_rows = lines[lines.index("env: 2 process(es) on group robot, placement '0:0-1'") + 2:][:2]
+    assert [row.split()[:2] for row in env_rows] == [["0", "1"], ["1", "1"]]
+    assert all("FAKE_ROBOTS=0" in row for row in env_rows)
+
+
+def test_plan_json_is_complete() -> None:
+    code, out, _ = run("plan", str(QUICKSTART), "--nodes", "2x8", "--json")
+    assert code == 0
+    plan = json.loads(out)
+    assert list(plan["components"]) == ["actor", "inference", "rollout", "env", "agent"]
+    rollout = plan["components"]["rollout"]
+    assert rollout["world_size"] == 16
+    assert rollout["placements"][15] | {"env": None} == {
+        "rank": 15, "node_id": "fake-node-1", "node_rank": 1, "local_accelerator_id": 7, "local_rank": 15,
+        "local_world_size": 16, "visible_accelerators": [7], "isolate_accelerator": True,
+        "local_hardware_ranks": [7], "hardware_type": "fake-accelerator", "node_group": "gpu", "env": None}
+    assert plan["nodes"][1]["hardware"] == {"fake-accelerator": 8, "fake-robot": 1, "node": 1}
+
+
+def test_placement_errors_show_the_entry_with_a_caret(tmp_path) -> None:
+    config = write(tmp_path, """
+        cluster:
+          num_nodes: 1
+          component_placement:
+            actor: "0-3, 4-6:0-1"
+    """)
+    code, out, err = run("plan", config, "--nodes", "1x8")
+    assert (code, out) == (2, "")
+    lines = err.splitlines()
+    assert lines[0].startswith("hwplace: error: component 'actor', entry '4-6:0-1' of '0-3, 4-6:0-1': ")
+    assert "must continue at 4" in lines[0]
+    assert lines[1] == "    actor: 0-3, 4-6:0-1"
+    assert lines[2] == "                ^^^^^^^"
+
+
+def test_config_errors_exit_2_naming_the_key(tmp_path) -> None:
+    config = write(tmp_path, """
+        cluster:
+          num_node: 1
+    """)
+    code, _, err = run("plan", config, "--nodes", "1x8")
+    assert code == 2
+    assert "cluster.num_node: unknown key" in err
+    assert "did you mean 'num_nodes'?" in err
+
+
+def test_plan_refuses_an_unhealthy_device_naming_it_and_the_reason(tmp_path) -> None:
+    config = write(tmp_path, """
+        cluster:
+          num_nodes: 1
+          node_groups:
+            - label: arms
+              node_ranks: 0
+              hardware:
+                type: fake-robot
+                configs:
+                  - {node_rank: 0, name: left}
+                  - {node_rank: 0, name: right, unhealthy: "servo 3 not responding"}
+          component_placement:
+            env: {node_group: arms, placement: "0-1"}
+    """)
+    code, _, err = run("plan", config)
+    assert code == 2
+    assert "process 1 would use fake-robot 1 on node 0, which is unhealthy: servo 3 not responding" in err
+    assert "entry '0-1'" in err
+
+
+def test_plan_without_nodes_uses_this_machines_detection(tmp_path, monkeypatch, fresh_manager) -> None:
+    monkeypatch.setenv("HWPLACE_FAKE_ACCELERATORS", "4")
+    fresh_manager()
+    config = write(tmp_path, """
+        cluster:
+          num_nodes: 1
+          component_placement:
+            actor: 0-3:0-1
+            agent: {node_group: node, placement: "0:0-2"}
+    """)
+    code, out, _ = run("plan", config, "--json")
+    assert code == 0
+    plan = json.loads(out)
+    assert [p["visible_accelerators"] for p in plan["components"]["actor"]["placements"]] == [[0, 1], [2, 3]]
+    assert [p["hardware_type"] for p in plan["components"]["agent"]["placements"]] == ["node"] * 3
+
+
+def test_plan_on_this_machine_fails_fast_when_the_config_wants_more_nodes(tmp_path) -> None:
+    config = write(tmp_path, """
+        cluster:
+          num_nodes: 3
+          component_placement: {agent: {node_group: node, placement: "0-2"}}
+    """)
+    code, _, err = run("plan", config)
+    assert code == 2
+    assert "cluster.num_nodes: asks for 3 nodes but 1 is available" in err
+
+
+@pytest.mark.parametrize(("spec", "counts"), [("4x8", [8] * 4), ("2x8,1x4", [8, 8, 4]), ("8, 0", [8, 0])])
+def test_nodes_inventory(spec, counts) -> None:
+    assert parse_nodes(spec) == counts
+
+
+@pytest.mark.parametrize("spec", ["4by8", "0x8", "", "x8"])
+def test_bad_nodes_inventory_exits_2(spec) -> None:
+    code, _, err = run("plan", str(QUICKSTART), "--nodes", spec)
+    assert code == 2
+    assert "--nodes" in err
+
+
+def test_hardware_lists_backends_with_their_distribution(monkeypatch, fresh_manager) -> None:
+    monkeypatch.setenv("HWPLACE_FAKE_ACCELERATORS", "2")
+    fresh_manager()
+    code, out, _ = run("hardware")
+    assert code == 0
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
+    assert rows["fake-accelerator"][1:] == ["accelerator", "fake", "hwplace", "2"]
+    assert rows["node"][1:] == ["node", "node", "hwplace", "1"]
+    assert "hwplace fake accelerator" in out
+
+
+def test_hardware_json_detects_the_devices_a_config_declares() -> None:
+    code, out, _ = run("hardware", "--json", "--config", str(QUICKSTART), "--node-rank", "1")
+    assert code == 0
+    robots = next(b for b in json.loads(out)["backends"] if b["name"] == "fake-robot")
+    assert [d["properties"]["name"] for d in robots["devices"]] == ["arm-0"]
+
+
+def test_console_script_and_module_entry_points() -> None:
+    module = subprocess.run([sys.executable, "-m", "hwplace", "--version"], capture_output=True, text=True)
+    assert module.returncode == 0
+    assert module.stdout.startswith("hwplace ")
+    script = Path(sys.executable).with_name("hwplace")
+    result = subprocess.run([str(script), "plan", str(QUICKSTART), "--nodes", "2x8", "--json"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["components"]["agent"]["world_size"] == 4

@@ -1,0 +1,58 @@
+"""Package-level promises: light imports, the public names, and hooks that are documented and tested."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import hwplace
+from hwplace import hookspecs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_import_hwplace_imports_neither_ray_nor_torch() -> None:
+    code = "import sys, hwplace, hwplace.testing; print(sorted({'ray', 'torch', 'omegaconf'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_error_hierarchy() -> None:
+    import queue
+
+    assert issubclass(hwplace.ConfigError, hwplace.HwplaceError)
+    assert issubclass(hwplace.ConfigError, ValueError)
+    assert issubclass(hwplace.PlacementError, ValueError)
+    assert issubclass(hwplace.WorkerError, RuntimeError)
+    assert issubclass(hwplace.ChannelEmpty, queue.Empty)
+    assert issubclass(hwplace.ChannelFull, queue.Full)
+    assert issubclass(hwplace.ChannelTimeout, TimeoutError)
+    for name in ("ChannelClosed", "PluginError", "ChannelEmpty", "ChannelFull", "ChannelTimeout"):
+        assert issubclass(getattr(hwplace, name), hwplace.HwplaceError)
+
+
+def test_public_names_are_exported() -> None:
+    for name in hwplace.__all__:
+        assert hasattr(hwplace, name), name
+    assert (ROOT / "hwplace" / "py.typed").exists()
+
+
+def hook_names() -> list[str]:
+    return [name for name, _ in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("hwplace_")]
+
+
+def test_every_hook_is_documented() -> None:
+    docs = (ROOT / "docs" / "plugins.md").read_text()
+    assert hook_names()
+    for name in hook_names():
+        assert re.search(rf"^### `{name}", docs, re.MULTILINE), f"{name} is not documented in docs/plugins.md"
+
+
+def test_every_hook_is_tested() -> None:
+    this = Path(__file__).resolve()
+    tests = [p.read_text() for p in (ROOT / "tests").rglob("test_*.py") if p.resolve() != this]
+    for name in hook_names():
+        assert any(f"def {name}(" in text for text in tests), f"no test implements {name}"
