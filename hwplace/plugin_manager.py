@@ -177,7 +177,11 @@ class PluginManager:
                 self._trace(f"hwplace_hardware_backends() [plugin {plugin}] raised {exc!r}")
                 continue
             self._trace(f"hwplace_hardware_backends() [plugin {plugin}] -> {returned!r}")
-            for backend in returned or ():
+            if not isinstance(returned, list | tuple):
+                failures.append(PluginFailure(plugin, dist, f"hwplace_hardware_backends returned {returned!r}, "
+                                              "not a list of backends"))
+                continue
+            for backend in returned:
                 problem = check_backend(backend)
                 if problem is not None:
                     failures.append(PluginFailure(plugin, dist, problem))

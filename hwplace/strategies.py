@@ -89,7 +89,7 @@ class PackedPlacementStrategy(PlacementStrategy):
             )
 
     def resource_lists(self, space: ResourceSpace) -> list[list[int]]:
-        lists = []
+        lists: list[list[int]] = []
         block = self.num_per_process * self.stride
         for block_start in range(self.start, self.end + 1, block):
             for offset in range(self.stride):

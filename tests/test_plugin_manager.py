@@ -109,11 +109,15 @@ def test_a_hook_that_raises_or_returns_garbage_is_reported_by_name() -> None:
     manager = PluginManager()
     manager.register(Exploding(), name="exploding")
     manager.register(Plugin("not a backend"), name="garbage")
+    single = Plugin()
+    single.backends = Raising()  # one backend, not a list of them
+    manager.register(single, name="single")
     manager.register(Plugin(type("Bad", (hwplace.HardwareBackend,), {"name": "Bad Name!"})()), name="badname")
     failures = {f.plugin: f.error for f in manager.failures}
     assert "boom" in failures["exploding"]
     assert "not a hwplace.HardwareBackend" in failures["garbage"]
     assert "lower-case" in failures["badname"]
+    assert "not a list of backends" in failures["single"]
     assert "node" in manager.backends()
 
 
