@@ -19,7 +19,7 @@ from hwplace.plugin_manager import get_plugin_manager
 from hwplace.testing import fake_cluster
 
 EXIT_ERROR = 2
-_NODES_ITEM = re.compile(r"^(?:(\d+)x)?(\d+)$")
+_NODES_ITEM = re.compile(r"^(?:([0-9]+)x)?([0-9]+)$")
 
 
 def parse_nodes(spec: str) -> list[int]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from hwplace.errors import PlacementError
 
 MAX_PROCESSES = 1_000_000
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
 _WHITESPACE = re.compile(r"\s+")
 
 
@@ -90,7 +90,10 @@ def parse_placement(text: str) -> list[Entry]:
         end = start + len(raw)
         stripped = raw.strip()
         lead = len(raw) - len(raw.lstrip())
-        span = (start + lead, start + lead + len(stripped)) if stripped else (max(start - 1, 0), end + 1)
+        if stripped:
+            span = (start + lead, start + lead + len(stripped))
+        else:  # an empty entry: point at the commas around it
+            span = (max(start - 1, 0), min(end + 1, len(text)))
         entries.append(_parse_entry(stripped, text, span))
         start = end + 1
     return entries

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hwplace.cluster import Cluster, Node
+from hwplace.cluster import Cluster
 from hwplace.errors import PlacementError, PluginError
 from hwplace.resources import NODE, Resource, ResourceSpace
 
@@ -85,36 +85,39 @@ def _unhealthy(rank: int, res: Resource) -> PlacementError:
 def _realise(
     cluster: Cluster, chosen: list[tuple[Resource, list[int]]], per_node: list[int], isolate: bool
 ) -> list[Placement]:
-    env_cache: dict[tuple[str, tuple[int, ...]], dict[str, str]] = {}
-    node_accelerators: dict[int, list[int]] = {}
-    is_accelerator = {t: cluster.kind(t) == "accelerator" for t in {res.hardware_type for res, _ in chosen}}
+    env_cache: dict[tuple[str, tuple[int, ...], tuple[str, ...]], dict[str, str]] = {}
+    node_types: dict[int, tuple[str, ...]] = {}  # a node's accelerator types, by name
+    kinds = {t: cluster.kind(t) or NODE for t in {res.hardware_type for res, _ in chosen}}
     next_local = [0] * len(per_node)
     placements = []
     for rank, (res, local) in enumerate(chosen):
         node_rank, hardware_type = res.node_rank, res.hardware_type
         node = cluster.nodes[node_rank]
-        if is_accelerator[hardware_type]:
+        kind, first = kinds[hardware_type], -1
+        hidden: tuple[str, ...] = ()
+        if kind == "accelerator":
             visible = local if isolate else [d.index for d in node.devices(hardware_type)]
             env_ids, first = visible, local[0]
         else:
-            if node_rank not in node_accelerators:
-                node_accelerators[node_rank] = _all_accelerators(cluster, node)
-            visible, env_ids, first = node_accelerators[node_rank], local, -1
-        key = (hardware_type, tuple(env_ids))
+            if node_rank not in node_types:
+                node_types[node_rank] = tuple(cluster.accelerator_types([node_rank]))
+            env_ids = local
+            if kind == "device" and isolate:  # a device process owns no accelerator: hide them all
+                visible, hidden = [], node_types[node_rank]
+            else:  # a node process owns its node, accelerators included
+                types = node_types[node_rank]
+                visible = [d.index for d in node.devices(types[0])] if types else []
+        key = (hardware_type, tuple(env_ids), hidden)
         env = env_cache.get(key)
         if env is None:
             env = env_cache[key] = _isolation_env(cluster, hardware_type, env_ids)
+            for other in hidden:
+                env.update(_isolation_env(cluster, other, []))
         local_rank = next_local[node_rank]
         next_local[node_rank] = local_rank + 1
         placements.append(Placement(rank, node.node_id, node_rank, first, local_rank, per_node[node_rank],
                                     list(visible), isolate, local, hardware_type, res.group, dict(env)))
     return placements
-
-
-def _all_accelerators(cluster: Cluster, node: Node) -> list[int]:
-    """A node's accelerator ids, of its first accelerator type by name where it has several."""
-    types = cluster.accelerator_types([node.rank])
-    return [d.index for d in node.devices(types[0])] if types else []
 
 
 def _isolation_env(cluster: Cluster, hardware_type: str, ids: list[int]) -> dict[str, str]:

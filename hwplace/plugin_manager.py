@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,9 +260,3 @@ def get_plugin_manager() -> PluginManager:
             _manager = PluginManager()
         return _manager
 
-
-def iter_backend_names(kind: str) -> Iterator[str]:
-    """Names of the registered backends of one kind, in registration order."""
-    for name, info in get_plugin_manager().backends().items():
-        if info.kind == kind:
-            yield name
