@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -165,4 +166,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     except HwplaceError as error:
         _show_error(error, err)
         return EXIT_ERROR
+    except BrokenPipeError:  # the reader went away (`hwplace plan ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return code

@@ -169,3 +169,11 @@ def test_console_script_and_module_entry_points() -> None:
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["components"]["agent"]["world_size"] == 4
+
+
+def test_a_closed_pipe_ends_the_command_quietly() -> None:
+    script = Path(sys.executable).with_name("hwplace")
+    pipeline = f"'{script}' plan '{QUICKSTART}' --nodes 2x8 | head -1"
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", pipeline], capture_output=True, text=True)
+    assert result.stdout == "actor: 8 process(es) on group cluster, placement '0-7'\n"
+    assert "Traceback" not in result.stderr
