@@ -123,8 +123,25 @@ class Cluster:
 
     @property
     def problems(self) -> list[str]:
-        """Detection problems on any node, each prefixed with its node."""
-        return [f"node {n.rank} ({n.node_id}): {p}" for n in self.nodes for p in n.problems]
+        """Detection problems, each once, prefixed with the nodes it was seen on ("nodes 0-3,7: ...")."""
+        seen: dict[str, list[int]] = {}
+        for node in self.nodes:
+            for problem in node.problems:
+                seen.setdefault(problem, []).append(node.rank)
+        return [f"{_ranks_text(ranks)}: {problem}" for problem, ranks in seen.items()]
 
     def __repr__(self) -> str:
         return f"<Cluster {self.num_nodes} node(s)>"
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``node 3``, or ``nodes 0-3,7`` for ascending ranks."""
+    if len(ranks) == 1:
+        return f"node {ranks[0]}"
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return "nodes " + ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import hwplace
+from hwplace import plugin_manager
 from hwplace.plugin_manager import PluginManager
 from hwplace.testing import fake_cluster, registered_plugin
 
@@ -217,3 +218,22 @@ def test_registered_plugin_is_always_unregistered(fresh_manager) -> None:
     assert seen == [True]
     assert "temporary" not in manager.plugins()
     assert "raising" not in manager.backends()
+
+
+
+class BrokenRobots(hwplace.HardwareBackend):
+    name = "fake-robot"
+    kind = "device"
+
+    def detect(self, configs):
+        return 1 / 0
+
+
+def test_a_problem_on_many_nodes_is_reported_once_with_its_nodes(monkeypatch) -> None:
+    manager = PluginManager(load_entry_points=False)
+    manager.register(Plugin(BrokenRobots()), name="broken-robots")
+    monkeypatch.setattr(plugin_manager, "_manager", manager)
+    cfg = {"num_nodes": 6, "node_groups": [{"label": "arms", "node_ranks": "0-3,5", "hardware": {
+        "type": "fake-robot", "configs": [{"node_rank": r} for r in (0, 1, 2, 3, 5)]}}]}
+    cluster = fake_cluster(cfg)
+    assert cluster.problems == ["nodes 0-3,5: fake-robot: detect raised ZeroDivisionError('division by zero')"]
