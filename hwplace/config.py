@@ -60,7 +60,7 @@ class NodeGroup:
     env_configs: tuple[EnvConfig, ...] = ()
     hardware: HardwareConfig | None = None
     ignore_hardware: bool = False
-    path: str = "cluster"
+    path: str = "cluster"  # the key path of its entry in cluster.node_groups; "cluster" for the reserved groups
 
     def env_vars(self, node_rank: int) -> dict[str, str]:
         """The environment variables this group sets on one of its nodes."""
@@ -100,8 +100,7 @@ class ClusterConfig:
     def group(self, label: str) -> NodeGroup:
         """A configured group, or the reserved ``cluster`` / ``node`` group, by label."""
         if label in RESERVED_GROUPS:
-            return NodeGroup(label, tuple(range(self.num_nodes)), ignore_hardware=label == "node",
-                             path=f"cluster (reserved group {label!r})")
+            return NodeGroup(label, tuple(range(self.num_nodes)), ignore_hardware=label == "node")
         for group in self.node_groups:
             if group.label == label:
                 return group

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hwplace.cluster import Cluster
-from hwplace.config import NodeGroup
+from hwplace.config import RESERVED_GROUPS, NodeGroup
 from hwplace.errors import ConfigError, PlacementError
 from hwplace.hardware import Device
 
@@ -45,9 +45,11 @@ def group_resource_type(cluster: Cluster, group: NodeGroup) -> str:
         return NODE
     types = cluster.accelerator_types(group.node_ranks)
     if len(types) > 1:
-        raise ConfigError(f"{group.path}.hardware.type",
+        reserved = group.label in RESERVED_GROUPS
+        raise ConfigError("cluster.node_groups" if reserved else f"{group.path}.hardware.type",
                           f"the nodes of group {group.label!r} have accelerators of several types: "
-                          f"{', '.join(types)}", allowed="name the one to use in hardware.type")
+                          f"{', '.join(types)}", allowed="define a node group whose hardware.type names the one "
+                          "to use" if reserved else "name the one to use in hardware.type")
     return types[0] if types else NODE
 
 

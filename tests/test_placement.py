@@ -597,6 +597,17 @@ def test_group_with_several_accelerator_types_is_a_config_error() -> None:
         assert "fake-accelerator" in message
         assert OtherAccelerator.name in message
         assert "hardware.type" in message
+        assert info.value.path == "cluster.node_groups"  # the reserved group 'cluster' cannot name a type
+
+
+def test_configured_group_with_several_accelerator_types_names_its_hardware_key() -> None:
+    with registered_plugin(OtherPlugin(), name="test-other-plugin"):
+        section = {"num_nodes": 2, "node_groups": [{"label": "gpus", "node_ranks": "all"}],
+                   "component_placement": {"actor": {"node_group": "gpus", "placement": "0-1"}}}
+        cluster = hwplace.Cluster(section, nodes=two_type_nodes())
+        with pytest.raises(hwplace.ConfigError, match=r"name the one to use in hardware\.type") as info:
+            place(section, cluster)
+        assert info.value.path == "cluster.node_groups[0].hardware.type"
 
 
 def test_hardware_type_picks_one_accelerator_type() -> None:
