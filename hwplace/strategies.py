@@ -93,12 +93,12 @@ class PackedPlacementStrategy(PlacementStrategy):
         block = self.num_per_process * self.stride
         resources = space.resources
         for block_start in range(self.start, self.end + 1, block):
-            block_end = min(block_start + block, len(resources)) - 1
-            if block_end > block_start and resources[block_start].node_rank != resources[block_end].node_rank:
+            nodes = {res.node_rank for res in resources[block_start : block_start + block]}
+            if len(nodes) > 1:
                 raise PlacementError(
                     f"the block {block_start}-{block_start + block - 1} crosses a node boundary (nodes "
-                    f"{resources[block_start].node_rank} and {resources[block_end].node_rank}); choose start, "
-                    "end and sizes that keep each block on one node", rank=len(lists))
+                    f"{sorted(nodes)}); choose start, end and sizes that keep each block on one node",
+                    rank=len(lists))
             lists.extend(list(range(block_start + k, block_start + block, self.stride)) for k in range(self.stride))
         return lists
 

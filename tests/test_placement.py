@@ -158,6 +158,16 @@ def test_packed_block_crossing_a_node_boundary_is_an_error_even_if_each_process_
         strategy.get_placement(cluster_of([1, 1]))
 
 
+def test_packed_block_that_leaves_a_node_and_returns_is_an_error() -> None:
+    # Groups a (node 0), b (node 1), c (node 0) number 2 + 2 + 2 ids; the block 1-4 starts and ends on node 0
+    # but passes through node 1.
+    groups = [{"label": label, "node_ranks": rank} for label, rank in (("a", 0), ("b", 1), ("c", 0))]
+    cluster = cluster_of([2, 2], node_groups=groups)
+    strategy = hwplace.PackedPlacementStrategy(1, 4, stride=4, node_group=["a", "b", "c"])  # one id per process
+    with pytest.raises(hwplace.PlacementError, match=r"crosses a node boundary \(nodes \[0, 1\]\)"):
+        strategy.get_placement(cluster)
+
+
 def test_packed_ids_beyond_the_cluster_are_an_error() -> None:
     strategy = hwplace.PackedPlacementStrategy(0, 15)
     with pytest.raises(hwplace.PlacementError, match="8"):
