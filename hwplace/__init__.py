@@ -11,7 +11,7 @@ import pluggy
 from hwplace import testing
 from hwplace.cluster import Cluster, Node
 from hwplace.component import ComponentPlacement
-from hwplace.config import ClusterConfig, NodeGroup, load_config, parse_cluster_config
+from hwplace.config import ClusterConfig, NodeGroup, parse_cluster_config
 from hwplace.errors import (
     ChannelClosed,
     ChannelEmpty,
@@ -24,6 +24,7 @@ from hwplace.errors import (
     WorkerError,
 )
 from hwplace.hardware import Device, HardwareBackend
+from hwplace.loading import load_config
 from hwplace.placement import Placement
 from hwplace.strategies import (
     FlexiblePlacementStrategy,

@@ -14,8 +14,9 @@ from typing import Any, TextIO
 from hwplace import __version__
 from hwplace.cluster import Cluster, detect_node_hardware
 from hwplace.component import ComponentPlacement
-from hwplace.config import cluster_section, load_config, parse_cluster_config
+from hwplace.config import cluster_section, parse_cluster_config
 from hwplace.errors import ConfigError, HwplaceError, PlacementError
+from hwplace.loading import load_config
 from hwplace.plugin_manager import get_plugin_manager
 from hwplace.testing import fake_cluster
 

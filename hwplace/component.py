@@ -15,11 +15,11 @@ from hwplace.config import (
     ComponentSpec,
     cluster_section,
     did_you_mean,
-    load_config,
     parse_cluster_config,
 )
 from hwplace.errors import ConfigError, PlacementError
 from hwplace.grammar import ResolvedEntry, parse_placement, resolve_placement
+from hwplace.loading import load_config
 from hwplace.placement import Placement, build_placements
 from hwplace.resources import ResourceSpace, resource_space
 from hwplace.strategies import FlexiblePlacementStrategy, NodePlacementStrategy, PlacementStrategy
