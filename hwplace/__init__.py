@@ -1,6 +1,6 @@
 """hwplace: place the processes of a distributed RL/ML job on a cluster's hardware.
 
-Plugin authors need :data:`hookimpl`, :class:`HardwareBackend` and :class:`Device`. Importing hwplace
+Plugin authors need :data:`hookimpl`, :class:`HardwareBackend`, :class:`Device` and :class:`Executor`. Importing hwplace
 imports neither ray nor torch.
 """
 
@@ -23,6 +23,7 @@ from hwplace.errors import (
     PluginError,
     WorkerError,
 )
+from hwplace.executor import Executor
 from hwplace.hardware import Device, HardwareBackend
 from hwplace.loading import load_config
 from hwplace.placement import Placement
@@ -48,6 +49,7 @@ __all__ = [
     "ComponentPlacement",
     "ConfigError",
     "Device",
+    "Executor",
     "FlexiblePlacementStrategy",
     "HardwareBackend",
     "HwplaceError",

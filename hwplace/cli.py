@@ -8,42 +8,57 @@ import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from hwplace import __version__
 from hwplace.cluster import Cluster, detect_node_hardware
 from hwplace.component import ComponentPlacement
-from hwplace.config import cluster_section, parse_cluster_config
+from hwplace.config import MAX_NODES, cluster_section, parse_cluster_config
 from hwplace.errors import ConfigError, HwplaceError, PlacementError
 from hwplace.loading import load_config
+from hwplace.placement import Placement
 from hwplace.plugin_manager import get_plugin_manager
-from hwplace.testing import fake_cluster
+from hwplace.testing import FAKE_ACCELERATOR, fake_cluster
+from hwplace.wording import plural, ranks_text, safe_repr
 
 EXIT_ERROR = 2
-_NODES_ITEM = re.compile(r"^(?:([0-9]+)x)?([0-9]+)$")
+MAX_NODES_ITEMS = 10_000
+_NODES_ITEM = re.compile(r"^(?:([0-9]{1,7})x)?([0-9]{1,7})(?::([a-z0-9][a-z0-9._-]{0,63}))?$")
 
 
-def parse_nodes(spec: str) -> list[int]:
-    """``--nodes``: ``4x8`` (4 nodes of 8 accelerators), ``2x8,1x4``, or ``8,8,4`` (one count per node)."""
+def parse_nodes(spec: str) -> tuple[list[int], list[str]]:
+    """``--nodes``: accelerator counts and types per node.
+
+    ``4x8`` is 4 nodes of 8 fake accelerators, ``4x8:cuda`` of 8 ``cuda`` accelerators; items join with
+    commas (``2x8:my-tpu,1x4:cuda``), and ``8,8,4`` gives one count per node.
+    """
+    allowed = ("[NODESx]ACCELERATORS[:TYPE] items joined by commas, such as 4x8, 4x8:cuda, 2x8:my-tpu,1x4:cuda "
+               "or 8,8,4")
     counts: list[int] = []
-    for item in spec.replace(" ", "").split(","):
+    types: list[str] = []
+    items = spec.replace(" ", "").split(",")
+    if len(items) > MAX_NODES_ITEMS:
+        raise ConfigError("--nodes", f"has {len(items)} items; at most {MAX_NODES_ITEMS}", allowed=allowed)
+    for item in items:
         match = _NODES_ITEM.match(item)
         if match is None:
-            raise ConfigError("--nodes", f"{item!r} is not a node count",
-                              allowed="NODESxACCELERATORS such as 4x8, or accelerators per node such as 8,8,4")
+            raise ConfigError("--nodes", f"{item[:40]!r} is not a node count", allowed=allowed)
         repeat = int(match.group(1) or 1)
         if repeat == 0:
-            raise ConfigError("--nodes", f"{item!r} has no nodes")
+            raise ConfigError("--nodes", f"{item!r} has no nodes", allowed=allowed)
+        if len(counts) + repeat > MAX_NODES:
+            raise ConfigError("--nodes", f"asks for more than {MAX_NODES} nodes", allowed=allowed)
         counts += [int(match.group(2))] * repeat
-    return counts
+        types += [match.group(3) or FAKE_ACCELERATOR] * repeat
+    return counts, types
 
 
-def _hardware_cell(placement: Any) -> str:
+def _hardware_cell(placement: Placement) -> str:
     return f"{placement.hardware_type} {','.join(map(str, placement.local_hardware_ranks))}"
 
 
-def _env_cell(env: dict[str, str]) -> str:
+def _env_cell(env: Mapping[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(env.items())) or "-"
 
 
@@ -53,20 +68,37 @@ def _table(rows: list[list[str]], out: TextIO) -> None:
         out.write("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")
 
 
+def _group_settings(plan: ComponentPlacement, placement: Placement) -> tuple[dict[str, str], str | None]:
+    """The env_vars and interpreter that a placement's node group sets on its node."""
+    group = plan.config.group(placement.node_group)
+    return group.env_vars(placement.node_rank), group.python_interpreter_path(placement.node_rank)
+
+
 def _print_plan(plan: ComponentPlacement, out: TextIO) -> None:
     for name in plan.components:
         spec = plan.spec(name)
         placements = plan.get_placements(name)
-        out.write(f"{name}: {len(placements)} process(es) on group {'+'.join(spec.node_groups)}, "
-                  f"placement {spec.placement!r}\n")
-        rows = [["rank", "node", "local", "hardware", "env"]]
-        rows += [[str(p.rank), f"{p.node_rank} ({p.node_id})", f"{p.local_rank}/{p.local_world_size}",
-                  _hardware_cell(p), _env_cell(p.env)] for p in placements]
+        out.write(f"{name}: {plural(len(placements), 'process', 'processes')} on group "
+                  f"{'+'.join(spec.node_groups)}, placement {spec.placement!r}\n")
+        settings = [_group_settings(plan, p) for p in placements]
+        show_env = any(env for env, _ in settings)
+        show_python = any(python for _, python in settings)
+        header = ["rank", "node", "local", "hardware", "isolation env"]
+        header += ["group env"] * show_env + ["python"] * show_python
+        rows = [header]
+        for p, (env, python) in zip(placements, settings, strict=True):
+            row = [str(p.rank), f"{p.node_rank} ({p.node_id})", f"{p.local_rank}/{p.local_world_size}",
+                   _hardware_cell(p), _env_cell(p.env)]
+            rows.append(row + [_env_cell(env)] * show_env + [python or "-"] * show_python)
         _table(rows, out)
         out.write("\n")
 
 
 def _plan_json(plan: ComponentPlacement) -> dict[str, Any]:
+    def placement(p: Placement) -> dict[str, Any]:
+        env, python = _group_settings(plan, p)
+        return {**dataclasses.asdict(p), "group_env": env, "python_interpreter_path": python}
+
     return {
         "nodes": [{"rank": n.rank, "node_id": n.node_id, "address": n.address,
                    "hardware": {t: len(d) for t, d in n.hardware.items()}} for n in plan.cluster.nodes],
@@ -75,7 +107,7 @@ def _plan_json(plan: ComponentPlacement) -> dict[str, Any]:
                 "node_groups": list(plan.spec(name).node_groups),
                 "placement": plan.spec(name).placement,
                 "world_size": plan.get_world_size(name),
-                "placements": [dataclasses.asdict(p) for p in plan.get_placements(name)],
+                "placements": [placement(p) for p in plan.get_placements(name)],
             }
             for name in plan.components
         },
@@ -86,44 +118,88 @@ def _show_error(error: HwplaceError, err: TextIO) -> None:
     err.write(f"hwplace: error: {error}\n")
     if isinstance(error, PlacementError) and error.text is not None and error.span is not None:
         start, end = error.span
+        lines = error.text.splitlines(keepends=True) or [""]
+        offset = 0
+        for line in lines:  # show the line the entry starts on, with the caret under the entry
+            if offset + len(line) > start or line is lines[-1]:
+                break
+            offset += len(line)
+        shown = line.rstrip("\r\n").expandtabs(1)
         prefix = f"    {error.component or 'placement'}: "
-        err.write(f"{prefix}{error.text}\n")
-        err.write(" " * (len(prefix) + start) + "^" * max(end - start, 1) + "\n")
+        width = max(min(end, offset + len(shown)) - start, 1)
+        err.write(f"{prefix}{shown}\n")
+        err.write(" " * (len(prefix) + start - offset) + "^" * width + "\n")
+
+
+def _json_default(value: object) -> str:
+    return safe_repr(value)
 
 
 def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(args.config)
     section = cluster_section(config)
     if args.nodes is not None:
-        counts = parse_nodes(args.nodes)
-        cluster = fake_cluster(section, num_nodes=len(counts), accelerators_per_node=counts)
+        counts, types = parse_nodes(args.nodes)
+        cluster = fake_cluster(section, num_nodes=len(counts), accelerators_per_node=counts, accelerator_type=types)
     else:
-        cluster = Cluster(section)
+        cluster = Cluster.this_machine(section)
     for problem in cluster.problems:
         err.write(f"hwplace: warning: {problem}\n")
-    plan = ComponentPlacement(config, cluster)
+    try:
+        plan = ComponentPlacement(config, cluster)
+    except PlacementError:
+        if args.nodes is None and not any(cluster.accelerator_types(range(cluster.num_nodes))):
+            err.write("hwplace: note: no accelerator was detected on this machine; plan against a declared "
+                      "inventory instead, such as --nodes 2x8 or --nodes 2x8:cuda\n")
+        raise
     if args.json:
-        json.dump(_plan_json(plan), out, indent=2)
+        json.dump(_plan_json(plan), out, indent=2, default=_json_default)
         out.write("\n")
     else:
         _print_plan(plan, out)
     return 0
 
 
+def _node_rank(args: argparse.Namespace, num_nodes: int) -> int:
+    raw = args.node_rank if args.node_rank is not None else os.environ.get("HWPLACE_NODE_RANK", "0")
+    where = "--node-rank" if args.node_rank is not None else "HWPLACE_NODE_RANK"
+    if not (str(raw).isascii() and str(raw).isdigit() and len(str(raw)) <= 7 and int(raw) < num_nodes):
+        raise ConfigError(where, f"{str(raw)[:20]!r} is not a node rank of this config",
+                          allowed=f"0 to {num_nodes - 1} (cluster.num_nodes is {num_nodes})")
+    return int(raw)
+
+
 def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     manager = get_plugin_manager()
-    declared = {}
+    declared: dict[str, list[Mapping[str, Any]]] = {}
+    elsewhere: list[int] = []
+    node_rank = 0
     if args.config is not None:
-        declared = parse_cluster_config(cluster_section(load_config(args.config))).declared_configs(args.node_rank)
-    found, problems = detect_node_hardware(declared)
+        config = parse_cluster_config(cluster_section(load_config(args.config)), plugin_manager=manager)
+        node_rank = _node_rank(args, config.num_nodes)
+        declared = config.declared_configs(node_rank)
+        elsewhere = [r for r in range(config.num_nodes) if r != node_rank and config.declared_configs(r)]
+    elif args.node_rank is not None:
+        raise ConfigError("--node-rank", "needs --config: it picks which node's declared devices to detect")
+    found, problems = detect_node_hardware(declared, manager=manager)
     backends = manager.backends()
+    notes = []
+    if args.config is not None:
+        notes.append(f"devices {args.config} declares for node {node_rank} were detected here"
+                     if declared else f"{args.config} declares no devices for node {node_rank}")
+        if elsewhere:
+            notes.append(f"it also declares devices for {ranks_text(elsewhere)}: run this there with --node-rank "
+                         "(or HWPLACE_NODE_RANK) to check them")
     if args.json:
         json.dump({
+            "node_rank": node_rank,
             "backends": [{"name": b.name, "kind": b.kind, "plugin": b.plugin, "distribution": b.distribution,
-                          "devices": [dataclasses.asdict(d) for d in found.get(b.name, ())]}
+                          "devices": [dataclasses.asdict(d) for d in found.get(b.name, ())],
+                          "problem": problems.get(b.name)}
                          for b in backends.values()],
-            "problems": list(problems),
-        }, out, indent=2, default=str)
+            "problems": [f"{what}: {why}" for what, why in problems.items()],
+            "notes": notes,
+        }, out, indent=2, default=_json_default)
         out.write("\n")
         return 0
     rows = [["backend", "kind", "plugin", "distribution", "devices here"]]
@@ -134,9 +210,11 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         for d in devices:
             health = "healthy" if d.healthy else f"UNHEALTHY: {d.reason}"
             props = " ".join(f"{k}={v}" for k, v in d.properties.items())
-            out.write(f"  {d.index}  {d.model}  {health}  {props}\n".rstrip() + "\n")
-    for problem in problems:
-        err.write(f"hwplace: warning: {problem}\n")
+            out.write(f"  {d.index}  {d.model}  {health}  {props}".rstrip() + "\n")
+    for note in notes:
+        out.write(f"\nnote: {note}\n")
+    for what, why in problems.items():
+        err.write(f"hwplace: warning: {what}: {why}\n")
     return 0
 
 
@@ -146,13 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     plan = commands.add_parser("plan", help="resolve every component of a config without launching anything")
     plan.add_argument("config", help="YAML file with a cluster: section")
-    plan.add_argument("--nodes", help="plan on a declared inventory of fake accelerators instead of this "
-                      "machine: 4x8 (4 nodes of 8), 2x8,1x4, or 8,8,4")
+    plan.add_argument("--nodes", help="plan on a declared inventory instead of this machine: 4x8 (4 nodes of 8 "
+                      "fake accelerators), 4x8:cuda (of 8 cuda GPUs), 2x8:my-tpu,1x4:cuda, or 8,8,4")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(run=_plan)
     hardware = commands.add_parser("hardware", help="list the registered backends and what they detect here")
     hardware.add_argument("--config", help="also detect the devices this config declares for this node")
-    hardware.add_argument("--node-rank", type=int, default=0, help="which node's declared devices (default 0)")
+    hardware.add_argument("--node-rank", help="which node of the config this machine is (default: "
+                          "$HWPLACE_NODE_RANK, else 0)")
     hardware.add_argument("--json", action="store_true", help="print as JSON")
     hardware.set_defaults(run=_hardware)
     return parser

@@ -8,23 +8,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwplace.config import ClusterConfig, parse_cluster_config
-from hwplace.errors import ConfigError
+from hwplace.errors import ConfigError, PluginError
+from hwplace.frozen import FrozenDict
 from hwplace.hardware import Device, HardwareBackend
-from hwplace.plugin_manager import Detection, PluginManager, get_plugin_manager
+from hwplace.plugin_manager import PluginManager, get_plugin_manager
+from hwplace.wording import plural, ranks_text, safe_repr
 
 
 @dataclass(frozen=True)
 class Node:
     """One node: its cluster-wide ``rank``, the executor's ``node_id``, and its hardware by backend name.
 
-    ``problems`` lists the backends whose detection failed on this node, with the reason.
+    ``problems`` maps what failed on this node (a backend's name, or ``plugin 'x'``) to the reason.
+    Immutable: ``hardware`` and ``problems`` are read-only mappings.
     """
 
     rank: int
     node_id: str
     address: str
-    hardware: Mapping[str, tuple[Device, ...]] = field(default_factory=dict)
-    problems: tuple[str, ...] = ()
+    hardware: Mapping[str, tuple[Device, ...]] = field(default_factory=FrozenDict)
+    problems: Mapping[str, str] = field(default_factory=FrozenDict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise ConfigError("nodes", f"node {self.node_id!r} has rank {safe_repr(self.rank)}",
+                              allowed="a node rank is a non-negative integer")
+        hardware = {str(name): tuple(devices) for name, devices in self.hardware.items()}
+        for name, devices in hardware.items():
+            if not all(isinstance(d, Device) for d in devices):
+                raise ConfigError("nodes", f"node {self.rank}: hardware[{name!r}] holds something that is not "
+                                  "a hwplace.Device")
+        object.__setattr__(self, "hardware", FrozenDict(hardware))
+        object.__setattr__(self, "problems", FrozenDict({str(k): str(v) for k, v in self.problems.items()}))
 
     def devices(self, hardware_type: str) -> tuple[Device, ...]:
         """This node's devices of one hardware type (empty when it has none)."""
@@ -34,71 +49,104 @@ class Node:
 def detect_node_hardware(
     declared: Mapping[str, Sequence[Mapping[str, Any]]],
     *,
-    backends: Sequence[str] | None = None,
-    manager: PluginManager | None = None,
-) -> tuple[dict[str, tuple[Device, ...]], tuple[str, ...]]:
+    manager: PluginManager,
+    refresh: bool = False,
+) -> tuple[dict[str, tuple[Device, ...]], dict[str, str]]:
     """Run detection here, on this node: every accelerator and node backend, plus the declared devices.
 
-    ``declared`` maps a device backend's name to this node's configs for it. ``backends``, when given,
-    limits the undeclared backends that run. Returns the devices by backend name and the problems found.
+    ``declared`` maps a device backend's name to this node's configs for it. Returns the devices by
+    backend name and the problems found (by backend name, or ``plugin 'x'``).
     """
-    manager = manager or get_plugin_manager()
     hardware: dict[str, tuple[Device, ...]] = {}
-    problems = [f"plugin {f.plugin!r} ({f.distribution}): {f.error}" for f in manager.failures]
-    for name, info in manager.backends().items():
-        if name in declared:
-            detection = manager.detect(name, declared[name])
-        elif info.kind != "device" and (backends is None or name in backends):
-            detection = manager.detect(name)
-        else:
+    problems = {f"plugin {f.plugin!r}": f"({f.distribution}) {f.error}" for f in manager.failures}
+    backends = manager.backends()
+    for name, info in backends.items():
+        if info.kind == "device" and name not in declared:
             continue
-        _record(detection, hardware, problems)
-    missing = sorted(set(declared) - set(manager.backends()))
-    problems += [f"{name}: no such backend is registered on this node" for name in missing]
-    return hardware, tuple(problems)
-
-
-def _record(detection: Detection, hardware: dict[str, tuple[Device, ...]], problems: list[str]) -> None:
-    if detection.error is not None:
-        problems.append(f"{detection.backend}: {detection.error}")
-    elif detection.devices:
-        hardware[detection.backend] = detection.devices
-
-
-def this_node(declared: Mapping[str, Sequence[Mapping[str, Any]]], rank: int = 0) -> Node:
-    """This machine as a node, with everything detected on it."""
-    hardware, problems = detect_node_hardware(declared)
-    hostname = socket.gethostname()
-    node_info = hardware.get("node", ())
-    address = str(node_info[0].properties.get("address", hostname)) if node_info else hostname
-    return Node(rank, hostname, address, hardware, problems)
+        detection = manager.detect(name, declared.get(name, ()), refresh=refresh)
+        if detection.error is not None:
+            problems[name] = detection.error
+        elif detection.devices:
+            hardware[name] = detection.devices
+    for name in sorted(set(declared) - set(backends)):
+        problems[name] = "no such backend is registered on this node"
+    return hardware, problems
 
 
 class Cluster:
     """The nodes a job may use, in rank order, and their hardware.
 
-    ``Cluster(cluster_cfg)`` inventories this machine as node 0; ``Cluster(cluster_cfg, nodes=[...])`` takes
-    a given inventory (``hwplace.testing.fake_cluster`` builds one). ``cluster_cfg`` is the ``cluster:``
-    section (mapping or OmegaConf); its ``num_nodes`` must not exceed the nodes found.
+    ``Cluster(cluster_cfg)`` asks the executor the config names (``cluster.executor``, Ray by default)
+    for the live nodes; ``Cluster(cluster_cfg, nodes=[...])`` takes a given inventory
+    (``hwplace.testing.fake_cluster`` builds one) and :meth:`this_machine` inventories this machine alone.
+    ``cluster_cfg`` is the ``cluster:`` section (mapping, OmegaConf or :class:`ClusterConfig`); its
+    ``num_nodes`` must not exceed the nodes found. ``plugin_manager`` defaults to the process-wide one.
     """
 
-    def __init__(self, cluster_cfg: Any = None, *, nodes: Sequence[Node] | None = None) -> None:
-        config = parse_cluster_config(cluster_cfg) if cluster_cfg is not None else None
+    def __init__(
+        self,
+        cluster_cfg: Any = None,
+        *,
+        nodes: Sequence[Node] | None = None,
+        plugin_manager: PluginManager | None = None,
+    ) -> None:
+        self.plugin_manager = plugin_manager or get_plugin_manager()
+        config = parse_cluster_config(cluster_cfg, plugin_manager=self.plugin_manager) if cluster_cfg is not None \
+            else None
         if nodes is None:
-            nodes = [this_node(config.declared_configs(0) if config else {})]
+            if config is None:
+                raise ConfigError("cluster", "Cluster() needs the cluster: section of a config, or nodes=[...]")
+            nodes = self._discover(config)
+        nodes = list(nodes)
         for index, node in enumerate(nodes):
+            if not isinstance(node, Node):
+                raise ConfigError("nodes", f"position {index} holds {safe_repr(node)}, not a hwplace.Node")
             if node.rank != index:
                 raise ConfigError("nodes", f"node {node.node_id!r} has rank {node.rank} at position {index}; "
                                   "nodes must be given in rank order 0..N-1")
+        if not nodes:
+            raise ConfigError("nodes", "a cluster needs at least one node")
         if config is None:
-            config = ClusterConfig(num_nodes=max(len(nodes), 1))
+            config = ClusterConfig(num_nodes=len(nodes))
         if config.num_nodes > len(nodes):
-            found = "; ".join(f"node {n.rank}: {n.node_id} ({n.address})" for n in nodes) or "none"
-            raise ConfigError("cluster.num_nodes", f"asks for {config.num_nodes} nodes but {len(nodes)} "
-                              f"{'is' if len(nodes) == 1 else 'are'} available", allowed=f"found {found}")
+            found = "; ".join(f"node {n.rank}: {n.node_id} ({n.address})" for n in nodes)
+            raise ConfigError("cluster.num_nodes", f"asks for {plural(config.num_nodes, 'node')} but "
+                              f"{len(nodes)} {'is' if len(nodes) == 1 else 'are'} available",
+                              allowed=f"found {found}")
         self.config: ClusterConfig = config
         self.nodes: tuple[Node, ...] = tuple(nodes[: config.num_nodes])
-        self._manager = get_plugin_manager()
+
+    def _discover(self, config: ClusterConfig) -> list[Node]:
+        try:
+            executor = self.plugin_manager.executor(config.executor)
+        except PluginError as exc:
+            raise ConfigError("cluster.executor", str(exc), allowed="install the executor's plugin (the Ray "
+                              "executor comes with pip install 'hwplace[ray]'); to plan without running "
+                              "anything use hwplace.testing.fake_cluster or Cluster.this_machine") from None
+        return list(executor.discover(config, self.plugin_manager))
+
+    @classmethod
+    def this_machine(
+        cls, cluster_cfg: Any = None, *, plugin_manager: PluginManager | None = None, refresh: bool = False
+    ) -> Cluster:
+        """This machine alone, as node 0, with what every backend detects here (no executor involved).
+
+        Devices the config declares for node 0 are detected too. Detection runs once per process unless
+        ``refresh`` is set.
+        """
+        manager = plugin_manager or get_plugin_manager()
+        config = parse_cluster_config(cluster_cfg, plugin_manager=manager) if cluster_cfg is not None else None
+        declared = config.declared_configs(0) if config else {}
+        hardware, problems = detect_node_hardware(declared, manager=manager, refresh=refresh)
+        hostname = socket.gethostname()
+        address = hostname
+        try:
+            own = hardware.get(manager.node_backend().name, ())
+        except PluginError:
+            own = ()
+        if own and isinstance(own[0].properties.get("address"), str):
+            address = own[0].properties["address"]
+        return cls(config, nodes=[Node(0, hostname, address, hardware, problems)], plugin_manager=manager)
 
     @property
     def num_nodes(self) -> int:
@@ -106,17 +154,21 @@ class Cluster:
 
     def backend(self, hardware_type: str) -> HardwareBackend | None:
         """The backend named ``hardware_type``, or ``None`` when it is not registered here."""
-        info = self._manager.backends().get(hardware_type)
+        info = self.plugin_manager.backends().get(hardware_type)
         return info.backend if info else None
 
     def kind(self, hardware_type: str) -> str | None:
         """The kind ("accelerator", "device" or "node") of a hardware type, ``None`` if unknown here."""
-        info = self._manager.backends().get(hardware_type)
+        info = self.plugin_manager.backends().get(hardware_type)
         return info.kind if info else None
+
+    def node_type(self) -> str:
+        """The name of the backend of kind ``node``: what a node-kind resource is."""
+        return self.plugin_manager.node_backend().name
 
     def accelerator_types(self, node_ranks: Sequence[int]) -> list[str]:
         """The accelerator types present on some of these nodes, by name."""
-        kinds = {name: info.kind for name, info in self._manager.backends().items()}
+        kinds = {name: info.kind for name, info in self.plugin_manager.backends().items()}
         found = {t for r in node_ranks for t, devs in self.nodes[r].hardware.items()
                  if devs and kinds.get(t) == "accelerator"}
         return sorted(found)
@@ -126,22 +178,9 @@ class Cluster:
         """Detection problems, each once, prefixed with the nodes it was seen on ("nodes 0-3,7: ...")."""
         seen: dict[str, list[int]] = {}
         for node in self.nodes:
-            for problem in node.problems:
-                seen.setdefault(problem, []).append(node.rank)
-        return [f"{_ranks_text(ranks)}: {problem}" for problem, ranks in seen.items()]
+            for what, reason in node.problems.items():
+                seen.setdefault(f"{what}: {reason}", []).append(node.rank)
+        return [f"{ranks_text(ranks)}: {problem}" for problem, ranks in seen.items()]
 
     def __repr__(self) -> str:
-        return f"<Cluster {self.num_nodes} node(s)>"
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    """``node 3``, or ``nodes 0-3,7`` for ascending ranks."""
-    if len(ranks) == 1:
-        return f"node {ranks[0]}"
-    runs: list[list[int]] = []
-    for rank in ranks:
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1][1] = rank
-        else:
-            runs.append([rank, rank])
-    return "nodes " + ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
+        return f"<Cluster {plural(self.num_nodes, 'node')}>"

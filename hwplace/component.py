@@ -6,23 +6,18 @@ import bisect
 import contextlib
 import gc
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hwplace.cluster import Cluster
-from hwplace.config import (
-    ClusterConfig,
-    ComponentSpec,
-    cluster_section,
-    did_you_mean,
-    parse_cluster_config,
-)
+from hwplace.config import ClusterConfig, ComponentSpec, NodeGroup, cluster_section, parse_cluster_config
 from hwplace.errors import ConfigError, PlacementError
 from hwplace.grammar import ResolvedEntry, parse_placement, resolve_placement
 from hwplace.loading import load_config
 from hwplace.placement import Placement, build_placements
 from hwplace.resources import ResourceSpace, resource_space
 from hwplace.strategies import FlexiblePlacementStrategy, NodePlacementStrategy, PlacementStrategy
+from hwplace.wording import did_you_mean, plural, safe_repr
 
 
 class ComponentPlacement:
@@ -33,14 +28,20 @@ class ComponentPlacement:
     """
 
     def __init__(self, config: str | os.PathLike[str] | Mapping[str, Any] | Any, cluster: Cluster) -> None:
-        self.config: ClusterConfig = parse_cluster_config(cluster_section(load_config(config)))
+        self.config: ClusterConfig = parse_cluster_config(cluster_section(load_config(config)),
+                                                          plugin_manager=cluster.plugin_manager)
+        if self.config.device_declarations() != cluster.config.device_declarations():
+            raise ConfigError("cluster.node_groups", "declare devices other than the ones the cluster was built "
+                              "with, so the cluster has not detected them",
+                              allowed="build the Cluster (or fake_cluster) with the same config")
         if self.config.num_nodes > cluster.num_nodes:
             raise ConfigError("cluster.num_nodes", f"is {self.config.num_nodes} but the cluster has "
                               f"{cluster.num_nodes} node(s)", allowed="build the Cluster with the same config")
         if not self.config.components:
             raise ConfigError("cluster.component_placement", "is missing or empty: no component to place")
         self.cluster = cluster
-        self._strategies: dict[str, PlacementStrategy] = {}
+        self._strategies: dict[str, PlacementStrategy] = {}  # built on first use: planning never needs them
+        self._lists: dict[str, tuple[list[Sequence[int]], bool, list[NodeGroup]]] = {}
         self._placements: dict[str, list[Placement]] = {}
         spaces: dict[tuple[str, ...], ResourceSpace] = {}
         with _gc_paused():  # tens of thousands of small records: collections would make planning superlinear
@@ -60,39 +61,40 @@ class ComponentPlacement:
             resolved = resolve_placement(text, parse_placement(text), len(space), space.description)
         except PlacementError as exc:
             raise exc.located(spec.name, text, exc.span) from None
-        lists = [ids for entry in resolved for ids in entry.resource_lists()]
-        strategy: PlacementStrategy
+        lists: list[Sequence[int]] = [ids for entry in resolved for ids in entry.resource_lists()]
         if space.is_node_kind:
             for entry in resolved:
                 if entry.num_resources > entry.num_processes:
                     raise PlacementError(
-                        f"{entry.num_resources} nodes for {entry.num_processes} process(es): a process holds "
-                        "exactly one node; give at least as many processes as nodes",
+                        f"{plural(entry.num_resources, 'node')} for "
+                        f"{plural(entry.num_processes, 'process', 'processes')}: "
+                        "a process holds exactly one node; give at least as many processes as nodes",
                         component=spec.name, text=text, span=entry.entry.span)
-            strategy = NodePlacementStrategy([ids[0] for ids in lists], node_group=groups)
-        else:
-            strategy = FlexiblePlacementStrategy(lists, node_group=groups)
         try:
             placements = build_placements(self.cluster, space, lists, isolate_accelerator=True)
         except PlacementError as exc:
             raise exc.located(spec.name, text, _entry_span(resolved, exc.rank)) from None
-        self._strategies[spec.name] = strategy
+        self._lists[spec.name] = (lists, space.is_node_kind, groups)
         self._placements[spec.name] = placements
 
     @property
     def components(self) -> list[str]:
         """Component names, in config order."""
-        return list(self._strategies)
+        return list(self._placements)
 
     def _known(self, name: str) -> None:
-        if name not in self._strategies:
-            raise ConfigError("cluster.component_placement", f"has no component {name!r}",
-                              allowed=f"components: {', '.join(self._strategies)}"
-                                      f"{did_you_mean(name, list(self._strategies))}")
+        if not isinstance(name, str) or name not in self._placements:
+            raise ConfigError("cluster.component_placement", f"has no component {safe_repr(name)}",
+                              allowed=f"components: {', '.join(self._placements)}"
+                                      f"{did_you_mean(str(name), self._placements)}")
 
     def get_strategy(self, name: str) -> PlacementStrategy:
-        """The strategy that places component ``name``."""
+        """The strategy that places component ``name``: Flexible on hardware groups, Node on node groups."""
         self._known(name)
+        if name not in self._strategies:
+            lists, node_kind, groups = self._lists[name]
+            self._strategies[name] = (NodePlacementStrategy([ids[0] for ids in lists], node_group=groups)
+                                      if node_kind else FlexiblePlacementStrategy(lists, node_group=groups))
         return self._strategies[name]
 
     def get_world_size(self, name: str) -> int:

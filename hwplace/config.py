@@ -1,27 +1,34 @@
-"""The ``cluster:`` section: loading (YAML path, dict, OmegaConf) and validation into typed records.
+"""The ``cluster:`` section, validated into typed, immutable records.
 
 Every rule is checked here, up front; every violation is a :class:`~hwplace.ConfigError` naming the key
-path, the bad value and what is allowed.
+path, the bad value and what is allowed. Reading files and OmegaConf objects is :mod:`hwplace.loading`.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hwplace.errors import ConfigError
+from hwplace.frozen import FrozenDict, freeze
 from hwplace.grammar import parse_range
 from hwplace.loading import to_plain
+from hwplace.wording import did_you_mean, safe_repr
+
+if TYPE_CHECKING:
+    from hwplace.plugin_manager import PluginManager
 
 RESERVED_GROUPS = ("cluster", "node")
-_LABEL = re.compile(r"^[A-Za-z0-9_.-]+$")
+DEFAULT_EXECUTOR = "ray"
+MAX_NODES = 100_000  # far beyond any cluster; bounds what a typo such as num_nodes: 10000000000 can cost
+_LABEL = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_EXECUTOR = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
-_CLUSTER_KEYS = ("num_nodes", "address", "node_groups", "component_placement")
+_CLUSTER_KEYS = ("num_nodes", "address", "executor", "node_groups", "component_placement")
 _GROUP_KEYS = ("label", "node_ranks", "env_configs", "hardware", "ignore_hardware")
 _ENV_CONFIG_KEYS = ("node_ranks", "env_vars", "python_interpreter_path")
 _HARDWARE_KEYS = ("type", "configs")
@@ -59,6 +66,17 @@ class NodeGroup:
     ignore_hardware: bool = False
     path: str = "cluster"  # the key path of its entry in cluster.node_groups; "cluster" for the reserved groups
 
+    def __post_init__(self) -> None:
+        for rank in self.node_ranks:
+            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+                raise ConfigError(f"{self.path}.node_ranks", f"group {self.label!r} holds node rank "
+                                  f"{safe_repr(rank)}", allowed="node ranks are non-negative integers")
+
+    @property
+    def declares_devices(self) -> bool:
+        """Whether this group declares devices of its own (``hardware.configs``)."""
+        return self.hardware is not None and bool(self.hardware.configs)
+
     def env_vars(self, node_rank: int) -> dict[str, str]:
         """The environment variables this group sets on one of its nodes."""
         env: dict[str, str] = {}
@@ -92,16 +110,32 @@ class ClusterConfig:
     num_nodes: int
     address: str | None = None
     node_groups: tuple[NodeGroup, ...] = ()
-    components: Mapping[str, ComponentSpec] = field(default_factory=dict)
+    components: Mapping[str, ComponentSpec] = field(default_factory=FrozenDict)
+    executor: str = DEFAULT_EXECUTOR
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_nodes, bool) or not isinstance(self.num_nodes, int) or \
+                not 1 <= self.num_nodes <= MAX_NODES:
+            raise ConfigError("cluster.num_nodes", f"must be an integer from 1 to {MAX_NODES}",
+                              value=self.num_nodes)
+        for group in self.node_groups:
+            beyond = [rank for rank in group.node_ranks if rank >= self.num_nodes]
+            if beyond:
+                raise ConfigError(f"{group.path}.node_ranks", f"node rank {beyond[0]} is out of range: "
+                                  f"cluster.num_nodes is {self.num_nodes}")
+        object.__setattr__(self, "components", FrozenDict(self.components))
 
     def group(self, label: str) -> NodeGroup:
         """A configured group, or the reserved ``cluster`` / ``node`` group, by label."""
+        labels = [g.label for g in self.node_groups] + list(RESERVED_GROUPS)
+        if not isinstance(label, str):
+            raise ConfigError("node_group", "a node group is named by its label, a string", value=label,
+                              allowed=f"groups: {', '.join(labels)}")
         if label in RESERVED_GROUPS:
             return NodeGroup(label, tuple(range(self.num_nodes)), ignore_hardware=label == "node")
         for group in self.node_groups:
             if group.label == label:
                 return group
-        labels = [g.label for g in self.node_groups] + list(RESERVED_GROUPS)
         raise ConfigError("cluster.node_groups", f"there is no node group {label!r}",
                           allowed=f"groups: {', '.join(labels)}{did_you_mean(label, labels)}")
 
@@ -114,6 +148,28 @@ class ClusterConfig:
                     if config["node_rank"] == node_rank:
                         found.setdefault(group.hardware.type, []).append(config)
         return found
+
+    def declared_range(self, label: str, node_rank: int) -> range:
+        """Where group ``label``'s own declared devices sit among the node's devices of their type.
+
+        Devices of one type on one node are detected in declaration order, group after group; a group
+        owns exactly the ones its own ``hardware.configs`` declare.
+        """
+        start = 0
+        for group in self.node_groups:
+            if group.hardware is None:
+                continue
+            count = sum(1 for config in group.hardware.configs if config["node_rank"] == node_rank)
+            if group.label == label:
+                return range(start, start + count)
+            target = self.group(label).hardware
+            if target is not None and group.hardware.type == target.type:
+                start += count
+        return range(0)
+
+    def device_declarations(self) -> tuple[tuple[str, HardwareConfig], ...]:
+        """Every group that declares devices, with its declaration: what a Cluster detects."""
+        return tuple((g.label, g.hardware) for g in self.node_groups if g.hardware is not None and g.declares_devices)
 
 
 # -- the cluster section ------------------------------------------------------------------------
@@ -130,13 +186,9 @@ def cluster_section(config: Mapping[str, Any]) -> Any:
     return config["cluster"]
 
 
+
+
 # -- validation -------------------------------------------------------------------------------------
-
-
-def did_you_mean(word: str, choices: Sequence[str]) -> str:
-    """``"; did you mean 'x'?"`` for the closest choice, or ``""``."""
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _check_keys(mapping: Mapping[Any, Any], allowed: Sequence[str], path: str) -> None:
@@ -160,10 +212,23 @@ def _int(value: Any, path: str, *, minimum: int = 0) -> int:
     return value
 
 
+
+def _text(value: Any, path: str, what: str) -> str:
+    """A non-empty string without NUL bytes or line breaks at its ends."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(path, f"must be a non-empty string: {what}", value=value)
+    if "\0" in value:
+        raise ConfigError(path, "contains a NUL byte", value=value, allowed=what)
+    if value != value.strip():
+        raise ConfigError(path, "starts or ends with whitespace or a line break (a YAML block scalar keeps "
+                          "its final newline: use '|-')", value=value, allowed=what)
+    return value
+
+
 def parse_node_ranks(value: Any, path: str, num_nodes: int) -> tuple[int, ...]:
     """Node ranks as ``"0-1"``, ``"0,2-3"``, ``1``, ``[0, 1]`` or ``"all"``, sorted and checked."""
     allowed = f"allowed: 'all', a rank, a range 'a-b', a comma list '0,2-3' or a list, within 0-{num_nodes - 1}"
-    if isinstance(value, str) and value.strip() == "all":
+    if isinstance(value, str) and value.strip().lower() == "all":
         return tuple(range(num_nodes))
     if isinstance(value, bool) or value is None:
         raise ConfigError(path, "is not a node rank specification", value=value, allowed=allowed)
@@ -200,6 +265,26 @@ def parse_node_ranks(value: Any, path: str, num_nodes: int) -> tuple[int, ...]:
     return tuple(sorted(ranks))
 
 
+
+def _env_value(raw: Any, where: str) -> str:
+    if isinstance(raw, bool):
+        return "true" if raw else "false"
+    if isinstance(raw, int):
+        return str(raw)
+    if isinstance(raw, float):
+        raise ConfigError(where, "is a number with a fraction, which YAML would change (11.10 becomes '11.1')",
+                          value=raw, allowed="quote it: '11.10'")
+    if not isinstance(raw, str):
+        raise ConfigError(where, "environment values are strings, integers or booleans", value=raw,
+                          allowed="quote other values")
+    if "\0" in raw:
+        raise ConfigError(where, "contains a NUL byte, which no environment variable can hold", value=raw)
+    if raw.endswith(("\n", "\r")):
+        raise ConfigError(where, "ends with a line break (a YAML block scalar keeps its final newline: use '|-')",
+                          value=raw)
+    return raw
+
+
 def _env_vars(value: Any, path: str) -> dict[str, str]:
     pairs: list[tuple[Any, Any, str]] = []
     if isinstance(value, Mapping):
@@ -217,12 +302,10 @@ def _env_vars(value: Any, path: str) -> dict[str, str]:
         if not isinstance(name, str) or not _ENV_NAME.match(name):
             raise ConfigError(where, "is not a valid environment variable name", value=name,
                               allowed="letters, digits and '_', not starting with a digit")
-        if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-            raise ConfigError(where, "environment values are strings or numbers", value=raw,
-                              allowed="quote booleans and other values, e.g. 'true'")
-        if name in env and env[name] != str(raw):
-            raise ConfigError(where, f"is set twice, to {env[name]!r} and {str(raw)!r}")
-        env[name] = str(raw)
+        text = _env_value(raw, where)
+        if name in env and env[name] != text:
+            raise ConfigError(where, f"is set twice, to {env[name]!r} and {text!r}")
+        env[name] = text
     return env
 
 
@@ -243,9 +326,9 @@ def _env_configs(value: Any, path: str, group_ranks: tuple[int, ...], num_nodes:
                               value=raw["node_ranks"], allowed=f"the group's nodes are {list(group_ranks)}")
         env = _env_vars(raw.get("env_vars", {}), f"{where}.env_vars")
         interpreter = raw.get("python_interpreter_path")
-        if interpreter is not None and (not isinstance(interpreter, str) or not interpreter.strip()):
-            raise ConfigError(f"{where}.python_interpreter_path", "must be a non-empty path", value=interpreter)
-        configs.append(EnvConfig(ranks, env, interpreter))
+        if interpreter is not None:
+            interpreter = _text(interpreter, f"{where}.python_interpreter_path", "the path of a Python interpreter")
+        configs.append(EnvConfig(ranks, FrozenDict(env), interpreter))
     # The same variable may differ between nodes, never on one node.
     for node in group_ranks:
         seen: dict[str, tuple[str, int]] = {}
@@ -267,25 +350,26 @@ def _env_configs(value: Any, path: str, group_ranks: tuple[int, ...], num_nodes:
     return tuple(configs)
 
 
-def _hardware(value: Any, path: str, group_ranks: tuple[int, ...]) -> HardwareConfig:
-    from hwplace.plugin_manager import get_plugin_manager
+def _hardware(value: Any, path: str, group_ranks: tuple[int, ...], manager: PluginManager | None) -> HardwareConfig:
+    from hwplace.plugin_manager import get_plugin_manager  # only declared hardware needs the backends
 
     raw = _mapping(value, path)
     _check_keys(raw, _HARDWARE_KEYS, path)
-    backends = get_plugin_manager().backends()
+    backends = (manager or get_plugin_manager()).backends()
     kind_names = sorted(name for name, info in backends.items() if info.kind != "node")
     type_name = raw.get("type")
     if not isinstance(type_name, str):
         raise ConfigError(f"{path}.type", "is required: the name of a hardware backend", value=type_name,
-                          allowed=f"registered types: {', '.join(kind_names)}")
+                          allowed=f"registered types: {', '.join(kind_names) or 'none'}")
     if type_name not in backends or backends[type_name].kind == "node":
         hint = "; for plain nodes use 'ignore_hardware: true' or no hardware at all" if type_name in backends else ""
         raise ConfigError(f"{path}.type", f"no hardware backend is named {type_name!r}{hint}",
-                          allowed=f"registered types: {', '.join(kind_names)}{did_you_mean(type_name, kind_names)}")
+                          allowed=f"registered types: {', '.join(kind_names) or 'none'}"
+                                  f"{did_you_mean(type_name, kind_names)}")
     backend = backends[type_name].backend
     configs_raw = raw.get("configs")
     if backend.kind == "accelerator":
-        if configs_raw:
+        if configs_raw is not None:
             raise ConfigError(f"{path}.configs", f"{type_name!r} is an accelerator backend: its devices are "
                               "found on every node, not declared", allowed="leave configs out")
         return HardwareConfig(type_name)
@@ -303,19 +387,27 @@ def _hardware(value: Any, path: str, group_ranks: tuple[int, ...]) -> HardwareCo
             raise ConfigError(f"{where}.node_rank", f"node {node_rank} is not in this group",
                               allowed=f"the group's nodes are {list(group_ranks)}")
         try:
-            backend.check_config(config)
+            frozen = freeze(config, where)
+        except TypeError as exc:
+            raise ConfigError(where, str(exc)) from None
+        try:
+            backend.check_config(frozen)
         except ValueError as exc:
             raise ConfigError(where, str(exc), allowed=f"see the {type_name!r} backend's documentation") from None
-        configs.append(dict(config))
+        except Exception as exc:  # a broken backend: say so, without taking anything else down
+            raise ConfigError(where, f"the {type_name!r} backend ({backends[type_name].distribution}) failed to "
+                              f"check this entry: check_config raised {safe_repr(exc)}",
+                              allowed="report it to the backend's authors, or disable its plugin") from None
+        configs.append(frozen)
     return HardwareConfig(type_name, tuple(configs))
 
 
-def _node_group(raw: Any, path: str, num_nodes: int) -> NodeGroup:
+def _node_group(raw: Any, path: str, num_nodes: int, manager: PluginManager | None) -> NodeGroup:
     raw = _mapping(raw, path)
     _check_keys(raw, _GROUP_KEYS, path)
     label = raw.get("label")
     if not isinstance(label, str) or not _LABEL.match(label):
-        raise ConfigError(f"{path}.label", "is required: letters, digits, '_', '.' and '-'", value=label)
+        raise ConfigError(f"{path}.label", "is required: 1 to 128 letters, digits, '_', '.' and '-'", value=label)
     if label in RESERVED_GROUPS:
         raise ConfigError(f"{path}.label", f"{label!r} is reserved (the built-in groups are "
                           f"{' and '.join(map(repr, RESERVED_GROUPS))})", allowed="choose another label")
@@ -330,7 +422,7 @@ def _node_group(raw: Any, path: str, num_nodes: int) -> NodeGroup:
     if raw.get("hardware") is not None:
         if ignore:
             raise ConfigError(f"{path}.ignore_hardware", "cannot be true in a group that declares hardware")
-        hardware = _hardware(raw["hardware"], f"{path}.hardware", ranks)
+        hardware = _hardware(raw["hardware"], f"{path}.hardware", ranks, manager)
     return NodeGroup(label, ranks, env_configs, hardware, ignore, path)
 
 
@@ -366,6 +458,8 @@ def _components(raw: Any, labels: Sequence[str]) -> dict[str, ComponentSpec]:
         if isinstance(value, bool) or not isinstance(value, str | int):
             raise ConfigError(path, "a placement is a string such as '0-7' or '0-1:0-3,4-7', or an integer",
                               value=value)
+        if isinstance(value, str) and "\0" in value:
+            raise ConfigError(path, "contains a NUL byte", value=value)
         for name in names:
             components[name] = ComponentSpec(name, groups, str(value), path)
     return components
@@ -390,8 +484,18 @@ def _group_labels(value: Any, path: str, labels: Sequence[str]) -> tuple[str, ..
     return tuple(groups)
 
 
-def parse_cluster_config(section: Any) -> ClusterConfig:
-    """Validate a ``cluster:`` section (mapping or OmegaConf) into a :class:`ClusterConfig`."""
+def _optional(raw: Mapping[str, Any], key: str, default: Any) -> Any:
+    """``raw[key]``, with an explicit YAML null or an absent key meaning ``default`` (never ``false`` or ``0``)."""
+    value = raw.get(key)
+    return default if value is None else value
+
+
+def parse_cluster_config(section: Any, *, plugin_manager: PluginManager | None = None) -> ClusterConfig:
+    """Validate a ``cluster:`` section (mapping or OmegaConf) into a :class:`ClusterConfig`.
+
+    ``plugin_manager`` (the process-wide one by default) supplies the hardware backends that declared
+    hardware is checked against.
+    """
     if isinstance(section, ClusterConfig):
         return section
     raw = _mapping(to_plain(section), "cluster")
@@ -399,21 +503,27 @@ def parse_cluster_config(section: Any) -> ClusterConfig:
     if "num_nodes" not in raw:
         raise ConfigError("cluster.num_nodes", "is required: the number of nodes the job uses")
     num_nodes = _int(raw["num_nodes"], "cluster.num_nodes", minimum=1)
+    if num_nodes > MAX_NODES:
+        raise ConfigError("cluster.num_nodes", f"is more than {MAX_NODES} nodes", value=num_nodes,
+                          allowed=f"1 to {MAX_NODES}")
     address = raw.get("address")
-    if address is not None and (not isinstance(address, str) or not address.strip()):
-        raise ConfigError("cluster.address", "must be 'auto' or a Ray address such as 'ray://head:10001'",
-                          value=address)
-    groups_raw = raw.get("node_groups") or []
+    if address is not None:
+        address = _text(address, "cluster.address", "'auto' or a Ray address such as 'ray://head:10001'")
+    executor = _text(_optional(raw, "executor", DEFAULT_EXECUTOR), "cluster.executor", "an executor name")
+    if not _EXECUTOR.match(executor):
+        raise ConfigError("cluster.executor", "is not an executor name", value=executor,
+                          allowed=f"lower-case letters, digits, '.', '_' and '-' (default {DEFAULT_EXECUTOR!r})")
+    groups_raw = _optional(raw, "node_groups", [])
     if not isinstance(groups_raw, list):
         raise ConfigError("cluster.node_groups", "must be a list of node groups", value=groups_raw)
     groups: list[NodeGroup] = []
     for i, group_raw in enumerate(groups_raw):
-        group = _node_group(group_raw, f"cluster.node_groups[{i}]", num_nodes)
+        group = _node_group(group_raw, f"cluster.node_groups[{i}]", num_nodes, plugin_manager)
         for other in groups:
             if other.label == group.label:
                 raise ConfigError(f"cluster.node_groups[{i}].label",
                                   f"label {group.label!r} is already used by {other.path}")
         groups.append(group)
     labels = [g.label for g in groups] + list(RESERVED_GROUPS)
-    components = _components(raw.get("component_placement") or {}, labels)
-    return ClusterConfig(num_nodes, address, tuple(groups), components)
+    components = _components(_optional(raw, "component_placement", {}), labels)
+    return ClusterConfig(num_nodes, address, tuple(groups), components, executor)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import reprlib
 from typing import Any
 
 
@@ -24,10 +25,20 @@ class ConfigError(HwplaceError, ValueError):
         self.allowed = allowed
         message = f"{path}: {problem}" if path else problem
         if value is not None:
-            message += f" (got {value!r})"
+            message += f" (got {_short_repr(value)})"
         if allowed:
             message += f"; {allowed}"
         super().__init__(message)
+
+
+def _short_repr(value: Any) -> str:
+    """A repr short enough for a message, whatever the value's size; never raises."""
+    shorten = reprlib.Repr()
+    shorten.maxstring = shorten.maxother = 120
+    try:
+        return shorten.repr(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
 
 
 class PlacementError(HwplaceError, ValueError):
@@ -75,7 +86,11 @@ class PlacementError(HwplaceError, ValueError):
 
 
 class PluginError(HwplaceError):
-    """A plugin or hardware backend is broken or conflicts with another."""
+    """A plugin or hardware backend is broken or conflicts with another; ``plugins`` names the ones involved."""
+
+    def __init__(self, message: str, *, plugins: tuple[str, ...] = ()) -> None:
+        self.plugins = plugins
+        super().__init__(message)
 
 
 class WorkerError(HwplaceError, RuntimeError):

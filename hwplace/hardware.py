@@ -7,25 +7,41 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from hwplace.frozen import FrozenDict, freeze
+from hwplace.wording import safe_repr
+
 Kind = Literal["accelerator", "device", "node"]
 KINDS: tuple[Kind, ...] = ("accelerator", "device", "node")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 
 @dataclass(frozen=True)
 class Device:
-    """One unit of hardware a backend found on a node.
+    """One unit of hardware a backend found on a node; immutable and picklable.
 
     ``index`` is node-local and counts from 0 among the devices of one backend on one node; it is what
-    placement strings and ``isolation_env`` refer to. ``healthy`` is False when the device is present but
-    unusable, and ``reason`` then says why.
+    placement refers to. ``healthy`` is False when the device is present but unusable, and ``reason`` then
+    says why. ``properties`` holds free-form, JSON-like facts (a UUID, a physical id, a port path); it is
+    stored as a read-only mapping, lists becoming tuples.
     """
 
     index: int
     model: str
     healthy: bool = True
     reason: str = ""
-    properties: Mapping[str, Any] = field(default_factory=dict)
+    properties: Mapping[str, Any] = field(default_factory=FrozenDict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.index, bool) or not isinstance(self.index, int) or self.index < 0:
+            raise TypeError(f"Device.index must be a non-negative integer, got {safe_repr(self.index)}")
+        for name in ("model", "reason"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"Device.{name} must be a string, got {safe_repr(getattr(self, name))}")
+        if not isinstance(self.healthy, bool):
+            raise TypeError(f"Device.healthy must be True or False, got {safe_repr(self.healthy)}")
+        if not isinstance(self.properties, Mapping):
+            raise TypeError(f"Device.properties must be a mapping, got {safe_repr(self.properties)}")
+        object.__setattr__(self, "properties", freeze(self.properties, "Device.properties"))
 
 
 class HardwareBackend:
@@ -49,8 +65,8 @@ class HardwareBackend:
         """
         raise NotImplementedError(f"{type(self).__name__}.detect")
 
-    def isolation_env(self, local_ids: Sequence[int]) -> dict[str, str]:
-        """Environment variables that make a process see only these node-local devices."""
+    def isolation_env(self, devices: Sequence[Device]) -> dict[str, str]:
+        """Environment variables that make a process see only ``devices`` (its own, in index order)."""
         return {}
 
     def check_config(self, config: Mapping[str, Any]) -> None:
@@ -66,12 +82,15 @@ class HardwareBackend:
 def check_backend(backend: object) -> str | None:
     """Say what is wrong with a backend object a plugin returned, or ``None`` when it is usable."""
     if not isinstance(backend, HardwareBackend):
-        return f"{backend!r} is not a hwplace.HardwareBackend"
-    if not isinstance(backend.name, str) or not _NAME.match(backend.name):
-        return (
-            f"{type(backend).__name__}.name is {backend.name!r}; a backend name is lower-case letters, "
-            "digits, '.', '_' and '-', starting with a letter or digit"
-        )
-    if backend.kind not in KINDS:
-        return f"backend {backend.name!r} has kind {backend.kind!r}; allowed: {', '.join(KINDS)}"
+        return f"{safe_repr(backend)} is not a hwplace.HardwareBackend"
+    cls = type(backend).__name__
+    try:
+        name, kind = backend.name, backend.kind
+    except Exception as exc:
+        return f"reading {cls}.name and .kind raised {safe_repr(exc)}"
+    if not isinstance(name, str) or not _NAME.match(name):
+        return (f"{cls}.name is {safe_repr(name)}; a backend name is 1 to 64 lower-case letters, digits, "
+                "'.', '_' and '-', starting with a letter or digit")
+    if not isinstance(kind, str) or kind not in KINDS:
+        return f"backend {name!r} has kind {safe_repr(kind)}; allowed: {', '.join(KINDS)}"
     return None

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import pluggy
 
+from hwplace.executor import Executor
 from hwplace.hardware import HardwareBackend
 
-hookspec = pluggy.HookspecMarker("hwplace")
+_spec = pluggy.HookspecMarker("hwplace")
 
 
-@hookspec
+@_spec
 def hwplace_hardware_backends() -> list[HardwareBackend]:
     """Return the hardware backends this plugin provides (added in 0.1)."""
+    raise NotImplementedError
+
+
+@_spec
+def hwplace_executors() -> list[Executor]:
+    """Return the executors this plugin provides; ``cluster.executor`` picks one by name (added in 0.2)."""
     raise NotImplementedError

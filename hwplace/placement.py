@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hwplace.cluster import Cluster
 from hwplace.errors import PlacementError, PluginError
-from hwplace.resources import NODE, Resource, ResourceSpace
+from hwplace.frozen import FrozenDict
+from hwplace.hardware import Device
+from hwplace.resources import Resource, ResourceSpace
+from hwplace.wording import safe_repr
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where one process runs and what it sees."""
+    """Where one process runs and what it sees; immutable (tuples and a read-only ``env``) and picklable."""
 
     rank: int
     node_id: str
@@ -20,12 +23,12 @@ class Placement:
     local_accelerator_id: int
     local_rank: int
     local_world_size: int
-    visible_accelerators: list[int]
+    visible_accelerators: tuple[int, ...]
     isolate_accelerator: bool
-    local_hardware_ranks: list[int]
+    local_hardware_ranks: tuple[int, ...]
     hardware_type: str
     node_group: str
-    env: dict[str, str]
+    env: FrozenDict[str, str]
 
 
 def build_placements(
@@ -33,8 +36,8 @@ def build_placements(
 ) -> list[Placement]:
     """One placement per list of resource ranks, in rank order; every rule on a process is checked here."""
     resources = space.resources
-    chosen: list[tuple[Resource, list[int]]] = []
-    per_node = [0] * cluster.num_nodes
+    chosen: list[tuple[Resource, tuple[Device, ...]]] = []
+    per_node: dict[int, int] = {}
     for rank, ids in enumerate(id_lists):
         if len(ids) == 1:  # the common case, kept fast
             if ids[0] >= len(resources):
@@ -42,15 +45,15 @@ def build_placements(
             first = resources[ids[0]]
             if not first.device.healthy:
                 raise _unhealthy(rank, first)
-            local = [first.local_index]
+            own: tuple[Device, ...] = (first.device,)
         else:
-            first, local = _own_resources(rank, ids, space)
-        chosen.append((first, local))
-        per_node[first.node_rank] += 1
+            first, own = _own_resources(rank, ids, space)
+        chosen.append((first, own))
+        per_node[first.node_rank] = per_node.get(first.node_rank, 0) + 1
     return _realise(cluster, chosen, per_node, isolate_accelerator)
 
 
-def _own_resources(rank: int, ids: Sequence[int], space: ResourceSpace) -> tuple[Resource, list[int]]:
+def _own_resources(rank: int, ids: Sequence[int], space: ResourceSpace) -> tuple[Resource, tuple[Device, ...]]:
     bad = [i for i in ids if i >= len(space.resources)]
     if bad:
         raise _beyond(rank, bad[0], space)
@@ -65,10 +68,10 @@ def _own_resources(rank: int, ids: Sequence[int], space: ResourceSpace) -> tuple
                                  f"{res.hardware_type}; a process's resources are of one type", rank=rank)
         if not res.device.healthy:
             raise _unhealthy(rank, res)
-    if first.hardware_type == NODE:
+    if space.is_node_kind:
         raise PlacementError(f"process {rank} would hold {len(own)} nodes; a process holds exactly one node",
                              rank=rank)
-    return first, sorted(r.local_index for r in own)
+    return first, tuple(sorted((r.device for r in own), key=lambda d: d.index))
 
 
 def _beyond(rank: int, index: int, space: ResourceSpace) -> PlacementError:
@@ -83,54 +86,59 @@ def _unhealthy(rank: int, res: Resource) -> PlacementError:
 
 
 def _realise(
-    cluster: Cluster, chosen: list[tuple[Resource, list[int]]], per_node: list[int], isolate: bool
+    cluster: Cluster, chosen: list[tuple[Resource, tuple[Device, ...]]], per_node: dict[int, int], isolate: bool
 ) -> list[Placement]:
-    env_cache: dict[tuple[str, tuple[int, ...], tuple[str, ...]], dict[str, str]] = {}
-    node_types: dict[int, tuple[str, ...]] = {}  # a node's accelerator types, by name
-    kinds = {t: cluster.kind(t) or NODE for t in {res.hardware_type for res, _ in chosen}}
-    next_local = [0] * len(per_node)
+    envs: dict[tuple[int, str, tuple[int, ...]], FrozenDict[str, str]] = {}
+    node_types: dict[int, list[str]] = {}  # a node's accelerator types, by name
+    kinds = {t: cluster.kind(t) for t in {res.hardware_type for res, _ in chosen}}
+    next_local: dict[int, int] = {}
     placements = []
-    for rank, (res, local) in enumerate(chosen):
+    for rank, (res, own) in enumerate(chosen):
         node_rank, hardware_type = res.node_rank, res.hardware_type
         node = cluster.nodes[node_rank]
-        kind, first = kinds[hardware_type], -1
-        hidden: tuple[str, ...] = ()
-        if kind == "accelerator":
-            visible = local if isolate else [d.index for d in node.devices(hardware_type)]
-            env_ids, first = visible, local[0]
+        local = tuple(d.index for d in own)
+        key = (node_rank, hardware_type, local)
+        env = envs.get(key)
+        if kinds[hardware_type] == "accelerator":
+            first = local[0]
+            shown = own if isolate else node.devices(hardware_type)
+            visible = local if isolate else tuple(d.index for d in shown)
+            if env is None:
+                env = envs[key] = FrozenDict(_isolation_env(cluster, hardware_type, shown))
         else:
+            first = -1
             if node_rank not in node_types:
-                node_types[node_rank] = tuple(cluster.accelerator_types([node_rank]))
-            env_ids = local
-            if kind == "device" and isolate:  # a device process owns no accelerator: hide them all
-                visible, hidden = [], node_types[node_rank]
-            else:  # a node process owns its node, accelerators included
-                types = node_types[node_rank]
-                visible = [d.index for d in node.devices(types[0])] if types else []
-        key = (hardware_type, tuple(env_ids), hidden)
-        env = env_cache.get(key)
-        if env is None:
-            env = env_cache[key] = _isolation_env(cluster, hardware_type, env_ids)
-            for other in hidden:
-                env.update(_isolation_env(cluster, other, []))
-        local_rank = next_local[node_rank]
+                node_types[node_rank] = cluster.accelerator_types([node_rank])
+            types = node_types[node_rank]
+            hidden = isolate and kinds[hardware_type] == "device"  # a device process owns no accelerator
+            visible = () if hidden or not types else tuple(d.index for d in node.devices(types[0]))
+            if env is None:
+                own_env = _isolation_env(cluster, hardware_type, own)
+                for other in types if hidden else ():
+                    own_env.update(_isolation_env(cluster, other, ()))
+                env = envs[key] = FrozenDict(own_env)
+        local_rank = next_local.get(node_rank, 0)
         next_local[node_rank] = local_rank + 1
         placements.append(Placement(rank, node.node_id, node_rank, first, local_rank, per_node[node_rank],
-                                    list(visible), isolate, local, hardware_type, res.group, dict(env)))
+                                    visible, isolate, local, hardware_type, res.group, env))
     return placements
 
 
-def _isolation_env(cluster: Cluster, hardware_type: str, ids: list[int]) -> dict[str, str]:
+def _isolation_env(cluster: Cluster, hardware_type: str, devices: Sequence[Device]) -> dict[str, str]:
     backend = cluster.backend(hardware_type)
     if backend is None:
-        if hardware_type == NODE:
-            return {}
         raise PlacementError(f"no hardware backend {hardware_type!r} is registered on this machine")
+    indexes = [d.index for d in devices]
     try:
-        env = backend.isolation_env(ids)
+        env = backend.isolation_env(tuple(devices))
     except Exception as exc:
-        raise PluginError(f"backend {hardware_type!r}: isolation_env({ids}) raised {exc!r}") from exc
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise PluginError(f"backend {hardware_type!r}: isolation_env({ids}) returned {env!r}, "
+        raise PluginError(f"backend {hardware_type!r}: isolation_env(devices {indexes}) raised {safe_repr(exc)}") \
+            from exc
+    if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise PluginError(f"backend {hardware_type!r}: isolation_env(devices {indexes}) returned {safe_repr(env)}, "
                           "not a dict of strings")
-    return env
+    bad = [k for k, v in env.items() if not k or "=" in k or "\0" in k or "\0" in v]
+    if bad:
+        raise PluginError(f"backend {hardware_type!r}: isolation_env(devices {indexes}) returned variable "
+                          f"{bad[0]!r}={env[bad[0]]!r}, which no environment can hold")
+    return dict(env)

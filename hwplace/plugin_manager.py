@@ -1,45 +1,66 @@
-"""The one owner of pluggy: discovers plugins, collects their backends and runs detection safely.
+"""The one owner of pluggy: discovers plugins, collects what their hooks provide and runs detection safely.
 
-Call sites use the typed methods of :class:`PluginManager`; nothing else touches ``pm.hook``.
+Call sites use the typed methods of :class:`PluginManager`; nothing else touches ``pm.hook``. Hooks are
+called through pluggy (so hook wrappers work), but every plugin is registered behind a guard: a plain
+hook implementation that raises, exits or returns something unusable is reported by name and the others
+carry on.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import math
 import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+import types
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pluggy
 
 from hwplace import hookspecs
 from hwplace.errors import PluginError
+from hwplace.executor import Executor, check_executor
+from hwplace.frozen import freeze
 from hwplace.hardware import Device, HardwareBackend, check_backend
+from hwplace.wording import did_you_mean, safe_repr
 
 ENTRY_POINT_GROUP = "hwplace"
 RUNTIME_DISTRIBUTION = "(registered at run time)"
 DEFAULT_DETECT_TIMEOUT = 10.0
+MAX_DETECT_TIMEOUT = 3600.0
+MAX_DEVICES = 65_536  # per backend and node; more is a broken backend, not hardware
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class BackendInfo:
-    """A registered backend and where it came from."""
+class Provided(Generic[T]):
+    """Something a plugin's hook provided (a backend, an executor), and where it came from."""
 
-    backend: HardwareBackend
+    item: T
     plugin: str
     distribution: str
 
+
+class BackendInfo(Provided[HardwareBackend]):
+    """A registered hardware backend and where it came from."""
+
+    @property
+    def backend(self) -> HardwareBackend:
+        return self.item
+
     @property
     def name(self) -> str:
-        return self.backend.name
+        return self.item.name
 
     @property
     def kind(self) -> str:
-        return self.backend.kind
+        return self.item.kind
 
 
 @dataclass(frozen=True)
@@ -49,6 +70,9 @@ class PluginFailure:
     plugin: str
     distribution: str
     error: str
+
+    def __str__(self) -> str:
+        return f"plugin {self.plugin!r} ({self.distribution}): {self.error}"
 
 
 @dataclass(frozen=True)
@@ -71,13 +95,16 @@ def _env_list(name: str) -> list[str]:
 
 def detect_timeout() -> float:
     """The time bound of one ``detect`` call: ``HWPLACE_DETECT_TIMEOUT`` seconds, 10 by default."""
-    raw = os.environ.get("HWPLACE_DETECT_TIMEOUT", "")
+    raw = os.environ.get("HWPLACE_DETECT_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_DETECT_TIMEOUT
     try:
-        value = float(raw) if raw else DEFAULT_DETECT_TIMEOUT
+        value = float(raw)
     except ValueError:
-        raise PluginError(f"HWPLACE_DETECT_TIMEOUT must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise PluginError(f"HWPLACE_DETECT_TIMEOUT must be positive, got {raw!r}")
+        value = math.nan
+    if not 0 < value <= MAX_DETECT_TIMEOUT:  # also refuses nan and inf
+        raise PluginError(f"HWPLACE_DETECT_TIMEOUT is {raw!r}; allowed: a number of seconds above 0 and at "
+                          f"most {MAX_DETECT_TIMEOUT:g}")
     return value
 
 
@@ -85,20 +112,29 @@ class PluginManager:
     """Loads hwplace plugins and gives typed access to what they provide.
 
     ``HWPLACE_DISABLED_PLUGINS=a,b`` blocks plugins by name; ``HWPLACE_TRACE_PLUGINS=1`` prints every hook
-    call, every ``detect`` and their results to stderr.
+    call, every ``detect`` and their results to stderr. Each manager runs a backend's ``detect`` once per
+    set of configs and keeps the result until asked to refresh.
     """
 
     def __init__(self, *, load_entry_points: bool = True) -> None:
         self._pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
         self._pm.add_hookspecs(hookspecs)
+        self._objects: dict[str, object] = {}  # plugin name -> the object registered under it
         self._distributions: dict[str, str] = {}
         self._load_failures: list[PluginFailure] = []
-        self._backends: dict[str, BackendInfo] | None = None
-        self._hook_failures: list[PluginFailure] = []
+        self._hook_failures: dict[str, list[PluginFailure]] = {}
+        self._provided: dict[str, dict[str, Any]] = {}  # hook name -> {item name: Provided}
+        self._origins: dict[int, str] = {}  # id of an object a plugin returned -> plugin name
+        self._detections: dict[tuple[str, Any] | None, Detection] = {}
+        self._running: dict[tuple[str, Any], threading.Thread] = {}
+        self._lock = threading.RLock()
         self.disabled = frozenset(_env_list("HWPLACE_DISABLED_PLUGINS"))
         self.tracing = _env_flag("HWPLACE_TRACE_PLUGINS")
         for name in self.disabled:
             self._pm.set_blocked(name)
+        if self.tracing:
+            self._pm.trace.root.setwriter(lambda text: print(f"hwplace trace: {text}", end="", file=sys.stderr))
+            self._pm.enable_tracing()
         if load_entry_points:
             self.load_entry_points()
 
@@ -114,33 +150,62 @@ class PluginManager:
             dist = ep.dist.name if ep.dist is not None else "(unknown distribution)"
             try:
                 plugin = ep.load()
-            except Exception as exc:  # a broken plugin must not take the others down
-                self._load_failures.append(PluginFailure(ep.name, dist, f"import failed: {exc!r}"))
-                self._trace(f"load {ep.name} from {dist} failed: {exc!r}")
+            except (Exception, SystemExit) as exc:  # a broken plugin must not take the others down
+                self._fail_load(ep.name, dist, f"import of {ep.value!r} failed: {safe_repr(exc)}")
                 continue
-            self.register(plugin, name=ep.name, distribution=dist)
+            try:
+                self.register(plugin, name=ep.name, distribution=dist)
+            except PluginError as exc:
+                self._fail_load(ep.name, dist, str(exc))
+
+    def _fail_load(self, name: str, dist: str, error: str) -> None:
+        self._load_failures.append(PluginFailure(name, dist, error))
+        self._trace(f"plugin {name!r} from {dist} not loaded: {error}")
 
     def register(self, plugin: object, name: str | None = None, distribution: str | None = None) -> str:
-        """Register a plugin object or module; returns its name. Blocked names are ignored."""
+        """Register a plugin object or module; returns its name. Blocked names are ignored.
+
+        A plugin that is not usable (a hook with a wrong signature, ``wrapper=True`` on a plain function,
+        a name or an object registered already) raises :class:`PluginError`.
+        """
         name = name or self._pm.get_canonical_name(plugin)
-        if self._pm.is_blocked(name):
-            return name
         dist = distribution or RUNTIME_DISTRIBUTION
-        if name in self._distributions:
-            raise PluginError(
-                f"two plugins are named {name!r}: one from {self._distributions[name]}, one from {dist}"
-            )
-        self._pm.register(plugin, name=name)
-        self._distributions[name] = dist
-        self._backends = None
+        with self._lock:
+            if self._pm.is_blocked(name):
+                return name
+            if name in self._objects:
+                raise PluginError(f"two plugins are named {name!r}: one from {self._distributions[name]}, "
+                                  f"one from {dist}")
+            for other, obj in self._objects.items():
+                if obj is plugin:
+                    raise PluginError(f"plugin {name!r} ({dist}) is {safe_repr(plugin)}, which is already "
+                                      f"registered as plugin {other!r} ({self._distributions[other]})")
+            try:
+                self._pm.register(self._guarded(plugin, name), name=name)
+            except (pluggy.PluginValidationError, ValueError) as exc:
+                raise PluginError(f"plugin {name!r} ({dist}) cannot be registered: {exc}") from None
+            self._objects[name] = plugin
+            self._distributions[name] = dist
+            self._provided.clear()
         self._trace(f"registered plugin {name!r} from {dist}")
         return name
 
     def unregister(self, name: str) -> None:
-        """Remove a plugin registered under ``name``."""
-        self._pm.unregister(name=name)
-        self._distributions.pop(name, None)
-        self._backends = None
+        """Remove the plugin registered under ``name``."""
+        with self._lock:
+            if name in self._objects:
+                self._pm.unregister(name=name)
+            self._objects.pop(name, None)
+            self._distributions.pop(name, None)
+            self._provided.clear()
+
+    def plugin(self, name: str) -> object | None:
+        """The object registered under ``name``, or ``None``."""
+        return self._objects.get(name)
+
+    def name_of(self, plugin: object) -> str | None:
+        """The name ``plugin`` (the very object) is registered under, or ``None``."""
+        return next((name for name, obj in self._objects.items() if obj is plugin), None)
 
     def plugins(self) -> dict[str, str]:
         """Registered plugin names and the distribution each came from."""
@@ -148,84 +213,186 @@ class PluginManager:
 
     @property
     def failures(self) -> list[PluginFailure]:
-        """Plugins that failed to import or whose hook raised or returned something unusable."""
-        self._collect()
-        return [*self._load_failures, *self._hook_failures]
+        """Plugins that failed to load, or whose hooks raised or returned something unusable."""
+        self.backends()
+        self.executors()
+        return [*self._load_failures, *(f for fs in self._hook_failures.values() for f in fs)]
 
-    # -- backends -----------------------------------------------------------------------------------
+    def _guarded(self, plugin: object, name: str) -> object:
+        """A stand-in for ``plugin`` whose plain hook implementations never raise and record what they return."""
+        proxy = types.SimpleNamespace()
+        for attr in dir(plugin):
+            if not attr.startswith(f"{ENTRY_POINT_GROUP}_"):
+                continue
+            try:
+                opts = self._pm.parse_hookimpl_opts(plugin, attr)
+                function = getattr(plugin, attr) if opts is not None else None
+            except Exception as exc:
+                raise PluginError(f"plugin {name!r}: reading {attr} raised {safe_repr(exc)}") from None
+            if opts is None:
+                continue
+            if opts.get("wrapper") or opts.get("hookwrapper"):
+                setattr(proxy, attr, function)  # pluggy validates wrappers itself at registration
+            else:
+                setattr(proxy, attr, self._guard(name, attr, function, opts))
+        return proxy
+
+    def _guard(self, name: str, hook: str, function: Callable[..., Any], opts: Any) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = function(*args, **kwargs)
+            except (Exception, SystemExit) as exc:
+                self._hook_failed(name, f"{hook} raised {safe_repr(exc)}", hook)
+                return None
+            if not isinstance(result, list | tuple):
+                self._hook_failed(name, f"{hook} returned {safe_repr(result)}, not a list", hook)
+                return None
+            for item in result:
+                self._origins[id(item)] = name
+            return list(result)
+
+        setattr(guarded, f"{ENTRY_POINT_GROUP}_impl", opts)
+        return guarded
+
+    def _hook_failed(self, plugin: str, error: str, hook: str) -> None:
+        dist = self._distributions.get(plugin, RUNTIME_DISTRIBUTION)
+        self._hook_failures.setdefault(hook, []).append(PluginFailure(plugin, dist, error))
+        self._trace(f"plugin {plugin!r}: {error}")
+
+    # -- what hooks provide --------------------------------------------------------------------------
+
+    def _collect(self, hook: str, noun: str, check: Callable[[object], str | None]) -> dict[str, Any]:
+        """Call ``hook`` through pluggy once; validate and name what it returned, by item name."""
+        with self._lock:
+            if hook in self._provided:
+                return self._provided[hook]
+            self._hook_failures[hook] = []
+            self._origins.clear()
+            try:
+                results = getattr(self._pm.hook, hook)()
+            except (Exception, SystemExit) as exc:  # only a hook wrapper can raise here
+                self._hook_failed("(a hook wrapper)", f"{hook} raised {safe_repr(exc)}", hook)
+                results = []
+            provided: dict[str, Provided[Any]] = {}
+            for result in results:
+                for item in result if isinstance(result, list | tuple) else [result]:
+                    plugin = self._origins.get(id(item), "(a hook wrapper)")
+                    dist = self._distributions.get(plugin, RUNTIME_DISTRIBUTION)
+                    problem = check(item)
+                    if problem is not None:
+                        self._hook_failed(plugin, problem, hook)
+                        continue
+                    other = provided.get(item.name)
+                    if other is not None:
+                        if other.item is item:
+                            continue
+                        raise PluginError(
+                            f"two {noun} are named "
+                            f"{item.name!r}: one from plugin {other.plugin!r} (distribution {other.distribution}), "
+                            f"one from plugin {plugin!r} (distribution {dist}); uninstall or disable one "
+                            "(HWPLACE_DISABLED_PLUGINS)", plugins=(other.plugin, plugin))
+                    info_type = BackendInfo if isinstance(item, HardwareBackend) else Provided
+                    provided[item.name] = info_type(item, plugin, dist)
+            self._origins.clear()
+            self._provided[hook] = provided
+            return provided
 
     def backends(self) -> dict[str, BackendInfo]:
         """Every usable backend by name. Two backends claiming one name raise :class:`PluginError`."""
-        return dict(self._collect())
+        return dict(self._collect("hwplace_hardware_backends", "backends", check_backend))
 
     def backend(self, name: str) -> BackendInfo:
-        """The backend called ``name``; :class:`KeyError` when there is none."""
-        return self._collect()[name]
+        """The backend called ``name``; :class:`PluginError` naming the registered ones when there is none."""
+        backends = self.backends()
+        if name not in backends:
+            raise PluginError(f"no hardware backend is named {name!r}; registered: "
+                              f"{', '.join(backends) or 'none'}{did_you_mean(name, backends)}")
+        return backends[name]
 
-    def _collect(self) -> dict[str, BackendInfo]:
-        if self._backends is not None:
-            return self._backends
-        backends: dict[str, BackendInfo] = {}
-        failures: list[PluginFailure] = []
-        hook = self._pm.hook.hwplace_hardware_backends
-        for impl in hook.get_hookimpls():  # registration order
-            plugin, dist = impl.plugin_name, self._distributions.get(impl.plugin_name, RUNTIME_DISTRIBUTION)
-            try:
-                returned = impl.function()
-            except Exception as exc:
-                failures.append(PluginFailure(plugin, dist, f"hwplace_hardware_backends raised {exc!r}"))
-                self._trace(f"hwplace_hardware_backends() [plugin {plugin}] raised {exc!r}")
-                continue
-            self._trace(f"hwplace_hardware_backends() [plugin {plugin}] -> {returned!r}")
-            if not isinstance(returned, list | tuple):
-                failures.append(PluginFailure(plugin, dist, f"hwplace_hardware_backends returned {returned!r}, "
-                                              "not a list of backends"))
-                continue
-            for backend in returned:
-                problem = check_backend(backend)
-                if problem is not None:
-                    failures.append(PluginFailure(plugin, dist, problem))
-                    continue
-                other = backends.get(backend.name)
-                if other is not None:
-                    raise PluginError(
-                        f"two backends are named {backend.name!r}: one from plugin {other.plugin!r} "
-                        f"(distribution {other.distribution}), one from plugin {plugin!r} "
-                        f"(distribution {dist}); uninstall or disable one (HWPLACE_DISABLED_PLUGINS)"
-                    )
-                backends[backend.name] = BackendInfo(backend, plugin, dist)
-        self._backends, self._hook_failures = backends, failures
-        return backends
+    def backends_of_kind(self, kind: str) -> list[BackendInfo]:
+        """The backends of one kind (``"accelerator"``, ``"device"`` or ``"node"``), in registration order."""
+        return [info for info in self.backends().values() if info.kind == kind]
+
+    def node_backend(self) -> BackendInfo:
+        """The one backend of kind ``node``: what a node-kind resource is. :class:`PluginError` when none or several."""
+        found = self.backends_of_kind("node")
+        if len(found) != 1:
+            names = ", ".join(f"{b.name!r} ({b.distribution})" for b in found)
+            raise PluginError(
+                f"exactly one backend of kind 'node' must be registered, found {names or 'none'}; "
+                "it is what a node-kind resource is (group 'node', or groups without hardware). The built-in "
+                f"one is the 'node' plugin{self._disabled_hint()}")
+        return found[0]
+
+    def executors(self) -> dict[str, Provided[Executor]]:
+        """Every usable executor by name."""
+        return dict(self._collect("hwplace_executors", "executors", check_executor))
+
+    def executor(self, name: str) -> Executor:
+        """The executor called ``name``; :class:`PluginError` naming the registered ones when there is none."""
+        executors = self.executors()
+        if name not in executors:
+            raise PluginError(f"no executor is named {name!r}; registered: {', '.join(executors) or 'none'}"
+                              f"{did_you_mean(name, executors)}{self._disabled_hint()}")
+        return executors[name].item  # type: ignore[no-any-return]
+
+    def _disabled_hint(self) -> str:
+        return f" (disabled here: HWPLACE_DISABLED_PLUGINS={','.join(sorted(self.disabled))})" if self.disabled else ""
 
     # -- detection ----------------------------------------------------------------------------------
 
     def detect(
-        self, name: str, configs: Sequence[Mapping[str, Any]] = (), *, timeout: float | None = None
+        self,
+        name: str,
+        configs: Sequence[Mapping[str, Any]] = (),
+        *,
+        timeout: float | None = None,
+        refresh: bool = False,
     ) -> Detection:
-        """Run one backend's ``detect`` in a bounded time; failures are reported, never raised."""
+        """Run one backend's ``detect`` in a bounded time, once per configs; failures are reported, never raised.
+
+        A detect that timed out keeps its thread until it returns; it is not started again meanwhile.
+        """
         backend = self.backend(name).backend
-        timeout = detect_timeout() if timeout is None else timeout
-        result: list[Any] = []
-        error: list[BaseException] = []
+        try:
+            key: tuple[str, Any] | None = (name, freeze(configs))
+        except TypeError:  # configs that are not plain data (a caller's own objects): not cached
+            key = None
+        with self._lock:
+            if not refresh and key in self._detections:
+                return self._detections[key]
+            running = self._running.get(key) if key is not None else None
+            if running is not None and running.is_alive():
+                return Detection(name, error="an earlier detect is still running (it timed out and has not returned)")
+            timeout = detect_timeout() if timeout is None else timeout
+            result: list[Any] = []
+            error: list[BaseException] = []
 
-        def target() -> None:
-            try:
-                result.append(backend.detect(configs))
-            except BaseException as exc:
-                error.append(exc)
+            def target() -> None:
+                try:
+                    result.append(backend.detect(configs))
+                except BaseException as exc:
+                    error.append(exc)
 
-        start = time.perf_counter()
-        thread = threading.Thread(target=target, name=f"hwplace-detect-{name}", daemon=True)
-        thread.start()
+            start = time.perf_counter()
+            thread = threading.Thread(target=target, name=f"hwplace-detect-{name}", daemon=True)
+            if key is not None:
+                self._running[key] = thread
+            thread.start()
         thread.join(timeout)
         seconds = time.perf_counter() - start
         if thread.is_alive():
             detection = Detection(name, error=f"detect did not finish within {timeout:g} s", seconds=seconds)
         elif error:
-            detection = Detection(name, error=f"detect raised {error[0]!r}", seconds=seconds)
+            detection = Detection(name, error=f"detect raised {safe_repr(error[0])}", seconds=seconds)
         else:
-            detection = _checked(name, backend, result[0], configs, seconds)
-        self._trace(f"{name}.detect({list(configs)!r}) -> {detection.error or list(detection.devices)!r}")
+            detection = _checked(name, backend.kind, result[0], configs, seconds)
+        if key is not None:
+            with self._lock:
+                self._detections[key] = detection
+        outcome = detection.error or safe_repr(list(detection.devices))
+        self._trace(f"{name}.detect({safe_repr(list(configs))}) -> {outcome}")
         return detection
 
     def _trace(self, message: str) -> None:
@@ -233,18 +400,21 @@ class PluginManager:
             print(f"hwplace trace: {message}", file=sys.stderr, flush=True)
 
 
-def _checked(
-    name: str, backend: HardwareBackend, devices: Any, configs: Sequence[Mapping[str, Any]], seconds: float
-) -> Detection:
-    if not isinstance(devices, list | tuple) or not all(isinstance(d, Device) for d in devices):
-        return Detection(name, error=f"detect returned {devices!r}, not a list of hwplace.Device", seconds=seconds)
+def _checked(name: str, kind: str, devices: Any, configs: Sequence[Mapping[str, Any]], seconds: float) -> Detection:
+    def fail(error: str) -> Detection:
+        return Detection(name, error=error, seconds=seconds)
+
+    if not isinstance(devices, list | tuple):
+        return fail(f"detect returned {safe_repr(devices)}, not a list of hwplace.Device")
+    if len(devices) > MAX_DEVICES:
+        return fail(f"detect returned {len(devices)} devices; at most {MAX_DEVICES} per node are allowed")
+    if not all(isinstance(d, Device) for d in devices):
+        return fail(f"detect returned {safe_repr(devices)}, not a list of hwplace.Device")
     indexes = [d.index for d in devices]
     if indexes != list(range(len(devices))):
-        return Detection(name, error=f"detect returned device indexes {indexes}; expected 0..n-1 in order",
-                         seconds=seconds)
-    if backend.kind == "device" and len(devices) != len(configs):
-        return Detection(name, error=f"detect returned {len(devices)} devices for {len(configs)} configs",
-                         seconds=seconds)
+        return fail(f"detect returned device indexes {indexes}; expected 0..n-1 in order")
+    if kind == "device" and len(devices) != len(configs):
+        return fail(f"detect returned {len(devices)} devices for {len(configs)} configs")
     return Detection(name, devices=tuple(devices), seconds=seconds)
 
 
@@ -253,10 +423,12 @@ _manager_lock = threading.Lock()
 
 
 def get_plugin_manager() -> PluginManager:
-    """The process-wide plugin manager, created (and entry points loaded) on first use."""
+    """The process-wide plugin manager, created (and entry points loaded) on first use.
+
+    A convenience at the public edge: everything that uses a manager also accepts one passed in.
+    """
     global _manager
     with _manager_lock:
         if _manager is None:
             _manager = PluginManager()
         return _manager
-

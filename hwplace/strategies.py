@@ -10,13 +10,14 @@ from hwplace.config import NodeGroup
 from hwplace.errors import PlacementError
 from hwplace.placement import Placement, build_placements
 from hwplace.resources import ResourceSpace, resource_space
+from hwplace.wording import safe_repr
 
 GroupSelection = str | NodeGroup | Sequence[str | NodeGroup] | None
 
 
 def _count(value: Any, name: str, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise PlacementError(f"{name} must be an integer, got {value!r}")
+        raise PlacementError(f"{name} must be an integer, got {safe_repr(value)}")
     if value < minimum:
         raise PlacementError(f"{name} must be at least {minimum}, got {value}")
     return value
@@ -35,6 +36,13 @@ class PlacementStrategy:
             node_group = [label.strip() for label in node_group.split(",")]
         elif isinstance(node_group, NodeGroup):
             node_group = [node_group]
+        elif not isinstance(node_group, Sequence):
+            raise PlacementError(f"node_group must be a group label, 'a,b', a NodeGroup or a list of those, "
+                                 f"got {safe_repr(node_group)}")
+        for group in node_group:
+            if not isinstance(group, str | NodeGroup):
+                raise PlacementError(f"node_group holds {safe_repr(group)}; a group is a label (a string) or a "
+                                     "NodeGroup")
         self.node_group: tuple[str | NodeGroup, ...] = tuple(node_group)
         if not self.node_group:
             raise PlacementError("node_group names no group")
@@ -46,6 +54,8 @@ class PlacementStrategy:
 
     def get_placement(self, cluster: Cluster, isolate_accelerator: bool = True) -> list[Placement]:
         """One :class:`Placement` per process, in rank order."""
+        if not isinstance(isolate_accelerator, bool):
+            raise PlacementError(f"isolate_accelerator must be True or False, got {safe_repr(isolate_accelerator)}")
         space = self.resource_space(cluster)
         return build_placements(cluster, space, self.resource_lists(space), isolate_accelerator)
 
@@ -89,9 +99,13 @@ class PackedPlacementStrategy(PlacementStrategy):
             )
 
     def resource_lists(self, space: ResourceSpace) -> list[list[int]]:
+        resources = space.resources
+        if self.end >= len(resources):  # checked before building anything: end may be absurdly large
+            ranks = f", ranks 0-{len(resources) - 1}" if resources else ""
+            raise PlacementError(f"end_accelerator_id {self.end} does not exist: there are "
+                                 f"{space.description}{ranks}")
         lists: list[list[int]] = []
         block = self.num_per_process * self.stride
-        resources = space.resources
         for block_start in range(self.start, self.end + 1, block):
             nodes = {res.node_rank for res in resources[block_start : block_start + block]}
             if len(nodes) > 1:

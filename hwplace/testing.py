@@ -1,89 +1,152 @@
-"""Helpers for testing hwplace and hwplace plugins: offline fake clusters and throwaway plugin registration."""
+"""Helpers for testing hwplace and hwplace plugins: offline clusters and throwaway plugin registration."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from hwplace.cluster import Cluster, Node, detect_node_hardware
-from hwplace.config import parse_cluster_config
+from hwplace.cluster import Cluster, Node
+from hwplace.config import MAX_NODES, parse_cluster_config
 from hwplace.errors import ConfigError, PluginError
 from hwplace.hardware import Device
-from hwplace.plugin_manager import get_plugin_manager
+from hwplace.plugin_manager import MAX_DEVICES, PluginManager, get_plugin_manager
+from hwplace.wording import did_you_mean, safe_repr
 
 FAKE_ACCELERATOR = "fake-accelerator"
-_environment_lock = threading.Lock()
+MAX_PLANNED_ACCELERATORS = 4_000_000  # over the whole offline cluster: bounds memory, far beyond any cluster
 
 
-@contextlib.contextmanager
-def _environment(name: str, value: str) -> Iterator[None]:
-    with _environment_lock:
-        old = os.environ.get(name)
-        os.environ[name] = value
-        try:
-            yield
-        finally:
-            if old is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = old
-
-
-def _per_node(accelerators_per_node: int | Sequence[int], num_nodes: int | None, config_nodes: int | None) -> list[int]:
-    if isinstance(accelerators_per_node, bool):
-        raise ConfigError("accelerators_per_node", "must be an integer or a list of integers",
-                          value=accelerators_per_node)
-    if isinstance(accelerators_per_node, int):
-        count = num_nodes or config_nodes or 1
-        counts = [accelerators_per_node] * count
-    else:
-        counts = list(accelerators_per_node)
+def _counts(value: Any, num_nodes: int | None, config_nodes: int | None) -> list[int]:
+    allowed = "one non-negative count per node, or a single integer for every node"
+    if num_nodes is not None and (isinstance(num_nodes, bool) or not isinstance(num_nodes, int)
+                                  or not 1 <= num_nodes <= MAX_NODES):
+        raise ConfigError("num_nodes", f"must be an integer from 1 to {MAX_NODES}", value=num_nodes)
+    if isinstance(value, int) and not isinstance(value, bool):
+        counts = [value] * (num_nodes or config_nodes or 1)
+    elif isinstance(value, Sequence) and not isinstance(value, str):
+        counts = list(value)
         if num_nodes is not None and num_nodes != len(counts):
             raise ConfigError("accelerators_per_node", f"gives {len(counts)} counts for num_nodes={num_nodes}",
-                              allowed="one count per node, or a single integer for every node")
+                              allowed=allowed)
+        if not counts:
+            raise ConfigError("accelerators_per_node", "is empty: a cluster needs at least one node", allowed=allowed)
+        if len(counts) > MAX_NODES:
+            raise ConfigError("accelerators_per_node", f"gives {len(counts)} nodes; at most {MAX_NODES}")
+    else:
+        raise ConfigError("accelerators_per_node", "must be an integer or a list of integers", value=value)
     for count in counts:
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ConfigError("accelerators_per_node", f"{count!r} is not a non-negative integer",
-                              value=accelerators_per_node)
-    if not counts:
-        raise ConfigError("num_nodes", "a cluster needs at least one node")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_DEVICES:
+            raise ConfigError("accelerators_per_node", f"{safe_repr(count)} is not a count from 0 to {MAX_DEVICES}",
+                              value=value)
+    if sum(counts) > MAX_PLANNED_ACCELERATORS:
+        raise ConfigError("accelerators_per_node", f"asks for {sum(counts)} accelerators in all; at most "
+                          f"{MAX_PLANNED_ACCELERATORS}")
     return counts
 
 
-def fake_cluster(
-    cluster_cfg: Any = None, *, num_nodes: int | None = None, accelerators_per_node: int | Sequence[int] = 0
-) -> Cluster:
-    """An offline :class:`~hwplace.Cluster` (no Ray) of fake nodes.
+def _types(value: Any, count: int, manager: PluginManager) -> list[str]:
+    types = [value] * count if isinstance(value, str) else list(value) if isinstance(value, Sequence) else None
+    if types is None or len(types) != count:
+        raise ConfigError("accelerator_type", f"must be a backend name, or one per node ({count})",
+                          value=value)
+    accelerators = [b.name for b in manager.backends_of_kind("accelerator")]
+    for name in types:
+        if name not in accelerators:
+            raise ConfigError("accelerator_type", f"{safe_repr(name)} is not a registered accelerator backend",
+                              allowed=f"registered: {', '.join(accelerators) or 'none'}"
+                                      f"{did_you_mean(str(name), accelerators)}")
+    return types
 
-    Each node has ``accelerators_per_node`` fake accelerators (an int for every node, or one count per
-    node), found by the fake backend's own detection, plus the devices the config declares for it,
-    found by their backends. ``num_nodes`` defaults to the config's, or to the number of counts given.
+
+def fake_cluster(
+    cluster_cfg: Any = None,
+    *,
+    num_nodes: int | None = None,
+    accelerators_per_node: int | Sequence[int] = 0,
+    accelerator_type: str | Sequence[str] = FAKE_ACCELERATOR,
+    plugin_manager: PluginManager | None = None,
+) -> Cluster:
+    """An offline :class:`~hwplace.Cluster` (no executor, no detection) of planned nodes.
+
+    Each node has ``accelerators_per_node`` accelerators (an int for every node, or one count per node) of
+    ``accelerator_type`` (any registered accelerator backend, or one per node), whose backend supplies the
+    isolation variables; plus one record of the node backend, and the devices the config declares for it,
+    each a healthy device whose properties are its config entry. ``num_nodes`` defaults to the config's, or
+    to the number of counts given.
     """
-    config = parse_cluster_config(cluster_cfg) if cluster_cfg is not None else None
-    counts = _per_node(accelerators_per_node, num_nodes, config.num_nodes if config else None)
-    manager = get_plugin_manager()
-    if any(counts) and FAKE_ACCELERATOR not in manager.backends():
-        raise PluginError(f"the {FAKE_ACCELERATOR!r} backend is not registered (is the 'fake' plugin disabled?)")
+    manager = plugin_manager or get_plugin_manager()
+    config = parse_cluster_config(cluster_cfg, plugin_manager=manager) if cluster_cfg is not None else None
+    counts = _counts(accelerators_per_node, num_nodes, config.num_nodes if config else None)
+    types = _types(accelerator_type, len(counts), manager)
+    node_backends = manager.backends_of_kind("node")
     nodes = []
-    for rank, count in enumerate(counts):
-        declared = config.declared_configs(rank) if config else {}
-        with _environment("HWPLACE_FAKE_ACCELERATORS", str(count)):
-            hardware, problems = detect_node_hardware(declared, backends=[FAKE_ACCELERATOR], manager=manager)
+    for rank, (count, type_name) in enumerate(zip(counts, types, strict=True)):
         name = f"fake-node-{rank}"
-        hardware["node"] = (Device(0, "hwplace fake node", properties={"hostname": name, "address": name}),)
-        nodes.append(Node(rank, name, name, hardware, problems))
-    return Cluster(config, nodes=nodes)
+        hardware: dict[str, tuple[Device, ...]] = {}
+        if count:
+            hardware[type_name] = tuple(Device(i, f"planned {type_name}") for i in range(count))
+        for backend in node_backends:  # none when the node plugin is disabled: nothing stands in for it
+            hardware[backend.name] = (Device(0, "planned node", properties={"hostname": name, "address": name}),)
+        for device_type, configs in (config.declared_configs(rank) if config else {}).items():
+            hardware[device_type] = tuple(
+                Device(i, f"planned {device_type}", properties={k: v for k, v in c.items() if k != "node_rank"})
+                for i, c in enumerate(configs))
+        nodes.append(Node(rank, name, name, hardware))
+    return Cluster(config, nodes=nodes, plugin_manager=manager)
 
 
 @contextlib.contextmanager
-def registered_plugin(plugin: object, name: str | None = None) -> Iterator[str]:
-    """Register a throwaway plugin in the process-wide plugin manager; always unregistered afterwards."""
-    manager = get_plugin_manager()
-    registered = manager.register(plugin, name=name)
+def registered_plugin(
+    plugin: object, name: str | None = None, *, plugin_manager: PluginManager | None = None
+) -> Iterator[str]:
+    """Register a plugin for the duration of a ``with`` block; the manager is as it was afterwards.
+
+    Works when the plugin is also installed (the normal state while developing it): an installed plugin
+    that is the same object, has the same name, or provides a backend or executor of the same name is set
+    aside for the block and restored after it.
+    """
+    manager = plugin_manager or get_plugin_manager()
+    existing = manager.name_of(plugin)
+    if existing is not None and name in (None, existing):
+        yield existing
+        return
+    put_aside: list[tuple[str, object, str]] = []
+
+    def set_aside(other: str) -> None:
+        put_aside.append((other, manager.plugin(other), manager.plugins()[other]))
+        manager.unregister(other)
+
+    if existing is not None:
+        set_aside(existing)
+    registered = name or _canonical_name(plugin)
+    if manager.plugin(registered) is not None:
+        set_aside(registered)
     try:
-        yield registered
+        manager.register(plugin, name=registered)
+        try:
+            while (clash := _clash(manager, registered)) is not None:
+                set_aside(clash)
+            yield registered
+        finally:
+            manager.unregister(registered)
     finally:
-        manager.unregister(registered)
+        for other, obj, dist in reversed(put_aside):
+            manager.register(obj, name=other, distribution=dist)
+
+
+def _canonical_name(plugin: object) -> str:
+    return str(getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{id(plugin)}")
+
+
+def _clash(manager: PluginManager, registered: str) -> str | None:
+    """Another plugin that provides a backend or executor of the same name as ``registered`` does, if any."""
+    try:
+        manager.backends()
+        manager.executors()
+    except PluginError as exc:
+        others = [p for p in exc.plugins if p != registered]
+        if registered not in exc.plugins or not others:
+            raise
+        return others[0]
+    return None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -28,7 +30,7 @@ def cluster_of(counts: list[int] | int, num_nodes: int | None = None, **section:
 
 def resources(placements: list[hwplace.Placement]) -> list[tuple[int, list[int]]]:
     """(node_rank, local_hardware_ranks) of each placement, in order."""
-    return [(p.node_rank, p.local_hardware_ranks) for p in placements]
+    return [(p.node_rank, list(p.local_hardware_ranks)) for p in placements]
 
 
 def place(section: dict[str, Any], cluster: hwplace.Cluster) -> hwplace.ComponentPlacement:
@@ -159,32 +161,24 @@ def test_packed_block_crossing_a_node_boundary_is_an_error_even_if_each_process_
 
 
 def test_packed_block_that_leaves_a_node_and_returns_is_an_error() -> None:
-    # Groups a (node 0), b (node 1), c (node 0) number 2 + 2 + 2 ids; the block 1-4 starts and ends on node 0
-    # but passes through node 1.
-    groups = [{"label": label, "node_ranks": rank} for label, rank in (("a", 0), ("b", 1), ("c", 0))]
-    cluster = cluster_of([2, 2], node_groups=groups)
+    # Groups a (node 0), b (node 1), c (node 0) each declare two robots of their own, numbered 2 + 2 + 2;
+    # the block 1-4 starts and ends on node 0 but passes through node 1.
+    def robots(label: str, rank: int) -> dict[str, Any]:
+        configs = [{"node_rank": rank, "name": f"{label}{i}"} for i in range(2)]
+        return {"label": label, "node_ranks": rank, "hardware": {"type": "fake-robot", "configs": configs}}
+
+    cluster = cluster_of([0, 0], node_groups=[robots("a", 0), robots("b", 1), robots("c", 0)])
     strategy = hwplace.PackedPlacementStrategy(1, 4, stride=4, node_group=["a", "b", "c"])  # one id per process
     with pytest.raises(hwplace.PlacementError, match=r"crosses a node boundary \(nodes \[0, 1\]\)"):
         strategy.get_placement(cluster)
 
 
-def test_packed_ids_beyond_the_cluster_are_an_error() -> None:
-    strategy = hwplace.PackedPlacementStrategy(0, 15)
-    with pytest.raises(hwplace.PlacementError, match="8"):
-        strategy.get_placement(cluster_of([8]))
-
-
-def test_packed_ids_beyond_the_group_are_an_error() -> None:
-    cluster = cluster_of([4, 4], node_groups=[{"label": "late", "node_ranks": 1}])
-    with pytest.raises(hwplace.PlacementError):
-        hwplace.PackedPlacementStrategy(4, 7, node_group="late").get_placement(cluster)
-
-
-def test_packed_unknown_group_is_a_config_error() -> None:
-    with pytest.raises(hwplace.ConfigError, match="did you mean 'late'"):
-        hwplace.PackedPlacementStrategy(0, 3, node_group="lat").get_placement(
-            cluster_of([4, 4], node_groups=[{"label": "late", "node_ranks": 1}])
-        )
+def test_groups_sharing_accelerators_cannot_be_selected_together() -> None:
+    groups = [{"label": "a", "node_ranks": "0-1"}, {"label": "b", "node_ranks": 1}]
+    cluster = cluster_of([2, 2], node_groups=groups)
+    with pytest.raises(hwplace.PlacementError, match=r"groups 'a' and 'b' share fake-accelerator 0 of node 1"):
+        hwplace.PackedPlacementStrategy(0, 5, node_group=["a", "b"]).get_placement(cluster)
+    assert len(hwplace.PackedPlacementStrategy(0, 3, node_group="a").get_placement(cluster)) == 4
 
 
 # -- FlexiblePlacementStrategy -----------------------------------------------------------------------
@@ -195,7 +189,7 @@ def test_flexible_keeps_process_order_and_sorts_ids() -> None:
     assert [p.rank for p in placements] == [0, 1, 2]
     assert resources(placements) == [(0, [1, 3]), (0, [0]), (0, [5, 6, 7])]
     assert [p.local_accelerator_id for p in placements] == [1, 0, 5]
-    assert placements[0].visible_accelerators == [1, 3]
+    assert placements[0].visible_accelerators == (1, 3)
 
 
 def test_flexible_never_mutates_its_input() -> None:
@@ -275,7 +269,7 @@ def test_node_strategy_allows_repeats_and_sees_all_accelerators() -> None:
     assert [p.local_rank for p in placements] == [0, 1, 0]
     assert [p.local_world_size for p in placements] == [2, 2, 1]
     for p in placements:
-        assert p.visible_accelerators == [0, 1, 2, 3]
+        assert p.visible_accelerators == (0, 1, 2, 3)
         assert p.local_accelerator_id == -1
         assert p.hardware_type == "node"
         assert p.node_group == "node"
@@ -284,13 +278,13 @@ def test_node_strategy_allows_repeats_and_sees_all_accelerators() -> None:
 
 def test_node_strategy_sees_all_accelerators_when_not_isolated_too() -> None:
     placements = hwplace.NodePlacementStrategy([1]).get_placement(cluster_of([2, 3]), isolate_accelerator=False)
-    assert placements[0].visible_accelerators == [0, 1, 2]
+    assert placements[0].visible_accelerators == (0, 1, 2)
     assert placements[0].isolate_accelerator is False
 
 
 def test_node_strategy_on_nodes_without_accelerators() -> None:
     placements = hwplace.NodePlacementStrategy([0, 1]).get_placement(cluster_of([0, 0]))
-    assert [p.visible_accelerators for p in placements] == [[], []]
+    assert [p.visible_accelerators for p in placements] == [(), ()]
 
 
 def test_node_strategy_counts_over_the_selected_group() -> None:
@@ -332,9 +326,9 @@ def test_placement_fields_isolated() -> None:
     assert p.local_accelerator_id == 2
     assert p.local_rank == 1
     assert p.local_world_size == 2
-    assert p.visible_accelerators == [2, 3]
+    assert p.visible_accelerators == (2, 3)
     assert p.isolate_accelerator is True
-    assert p.local_hardware_ranks == [2, 3]
+    assert p.local_hardware_ranks == (2, 3)
     assert p.hardware_type == "fake-accelerator"
     assert p.node_group == "cluster"
     assert p.env == {"FAKE_VISIBLE_DEVICES": "2,3"}
@@ -347,17 +341,17 @@ def test_placement_fields_not_isolated() -> None:
     )
     p = placements[3]
     assert p.isolate_accelerator is False
-    assert p.visible_accelerators == [0, 1, 2, 3]  # all of the node's
-    assert p.local_hardware_ranks == [2, 3]  # still its own
+    assert p.visible_accelerators == (0, 1, 2, 3)  # all of the node's
+    assert p.local_hardware_ranks == (2, 3)  # still its own
     assert p.local_accelerator_id == 2
     assert set(p.env["FAKE_VISIBLE_DEVICES"].split(",")) == {"0", "1", "2", "3"}
 
 
 def test_placement_types_match_the_spec() -> None:
     p = hwplace.PackedPlacementStrategy(0, 1).get_placement(cluster_of([2]))[1]
-    assert isinstance(p.visible_accelerators, list)
+    assert isinstance(p.visible_accelerators, tuple)
     assert all(isinstance(i, int) for i in p.visible_accelerators)
-    assert isinstance(p.local_hardware_ranks, list)
+    assert isinstance(p.local_hardware_ranks, tuple)
     assert isinstance(p.env, dict)
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in p.env.items())
 
@@ -383,15 +377,15 @@ def test_robot_placement_fields() -> None:
         assert p.node_id == "fake-node-1"
         assert p.hardware_type == "fake-robot"
         assert p.node_group == "robot"
-        assert p.local_hardware_ranks == [0]
+        assert p.local_hardware_ranks == (0,)
         assert p.local_accelerator_id == -1
         assert p.local_rank == local_rank
         assert p.local_world_size == 2
         # Isolated, a robot process owns no accelerator: the node's accelerators are hidden from it.
-        assert p.visible_accelerators == []
-        assert p.env == {"FAKE_ROBOTS": "0", "FAKE_VISIBLE_DEVICES": ""}
+        assert p.visible_accelerators == ()
+        assert p.env == {"FAKE_ROBOTS": "arm0", "FAKE_VISIBLE_DEVICES": ""}  # a robot is known by its name
     shared = place(section, cluster).get_strategy("env").get_placement(cluster, isolate_accelerator=False)
-    assert [(p.visible_accelerators, p.env) for p in shared] == [([0, 1], {"FAKE_ROBOTS": "0"})] * 2
+    assert [(p.visible_accelerators, p.env) for p in shared] == [((0, 1), {"FAKE_ROBOTS": "arm0"})] * 2
 
 
 # -- ComponentPlacement ------------------------------------------------------------------------------
@@ -447,7 +441,7 @@ def test_node_group_example_through_component_placement(
     agent = placement.get_placements("agent")
     assert [p.node_rank for p in agent] == [0, 0, 1, 1]
     assert [p.local_rank for p in agent] == [0, 1, 0, 1]
-    assert all(p.visible_accelerators == [0, 1, 2, 3] for p in agent)
+    assert all(p.visible_accelerators == (0, 1, 2, 3) for p in agent)
 
 
 def test_two_processes_per_accelerator(full: tuple[hwplace.ComponentPlacement, hwplace.Cluster]) -> None:
@@ -467,7 +461,7 @@ def test_two_processes_per_accelerator(full: tuple[hwplace.ComponentPlacement, h
 def test_yaml_integer_placement_of_a_robot(full: tuple[hwplace.ComponentPlacement, hwplace.Cluster]) -> None:
     placement, _ = full
     [p] = placement.get_placements("env")
-    assert (p.node_rank, p.hardware_type, p.local_hardware_ranks) == (1, "fake-robot", [0])
+    assert (p.node_rank, p.hardware_type, p.local_hardware_ranks) == (1, "fake-robot", (0,))
 
 
 def test_shared_key_gives_independent_copies(full: tuple[hwplace.ComponentPlacement, hwplace.Cluster]) -> None:
@@ -476,11 +470,13 @@ def test_shared_key_gives_independent_copies(full: tuple[hwplace.ComponentPlacem
     assert actor == inference
     assert placement.get_strategy("actor") is not placement.get_strategy("inference")
     assert all(a is not b for a, b in zip(actor, inference, strict=True))
-    actor[0].env["FAKE_VISIBLE_DEVICES"] = "changed"
-    actor[0].visible_accelerators.append(99)
+    with pytest.raises(TypeError, match="read-only"):
+        actor[0].env["FAKE_VISIBLE_DEVICES"] = "changed"  # type: ignore[index]
+    with pytest.raises(AttributeError, match="append"):
+        actor[0].visible_accelerators.append(99)  # type: ignore[attr-defined]
     fresh = placement.get_placements("inference")[0]
     assert fresh.env == {"FAKE_VISIBLE_DEVICES": "0"}
-    assert fresh.visible_accelerators == [0]
+    assert fresh.visible_accelerators == (0,)
 
 
 def test_yaml_file_config(tmp_path: Any) -> None:
@@ -506,18 +502,21 @@ def test_multi_group_numbering() -> None:
     cluster = fake_cluster(section, accelerators_per_node=[2, 2])
     placement = place(section, cluster)
     mixed = placement.get_placements("mixed")
-    assert [(p.node_rank, p.hardware_type, p.local_hardware_ranks, p.node_group) for p in mixed] == [
+    assert [(p.node_rank, p.hardware_type, list(p.local_hardware_ranks), p.node_group) for p in mixed] == [
         (0, "fake-accelerator", [1], "gpu"),
         (1, "fake-robot", [0], "robot"),
         (1, "fake-robot", [1], "robot"),
     ]
     hidden = {"FAKE_VISIBLE_DEVICES": ""}  # robot processes own no accelerator of their node
     assert [p.env for p in mixed] == [
-        {"FAKE_VISIBLE_DEVICES": "1"}, {"FAKE_ROBOTS": "0"} | hidden, {"FAKE_ROBOTS": "1"} | hidden]
+        {"FAKE_VISIBLE_DEVICES": "1"},
+        {"FAKE_ROBOTS": "fake-robot-0"} | hidden,
+        {"FAKE_ROBOTS": "fake-robot-1"} | hidden,
+    ]
     reverse = placement.get_placements("reverse")
     assert [(p.node_rank, p.hardware_type, p.local_hardware_ranks) for p in reverse] == [
-        (1, "fake-robot", [1]),
-        (0, "fake-accelerator", [0]),
+        (1, "fake-robot", (1,)),
+        (0, "fake-accelerator", (0,)),
     ]
 
 
@@ -575,8 +574,8 @@ class OtherAccelerator(hwplace.HardwareBackend):
     def detect(self, configs: Any) -> list[hwplace.Device]:
         return []
 
-    def isolation_env(self, local_ids: Any) -> dict[str, str]:
-        return {"OTHER_VISIBLE": ",".join(map(str, local_ids))}
+    def isolation_env(self, devices: Sequence[hwplace.Device]) -> dict[str, str]:
+        return {"OTHER_VISIBLE": ",".join(str(d.index) for d in devices)}
 
 
 class OtherPlugin:
@@ -636,16 +635,27 @@ def test_hardware_type_picks_one_accelerator_type() -> None:
         cluster = hwplace.Cluster(section, nodes=two_type_nodes())
         placement = place(section, cluster)
         actor = placement.get_placements("actor")
-        assert [(p.node_rank, p.hardware_type, p.local_hardware_ranks) for p in actor] == [
+        assert [(p.node_rank, p.hardware_type, list(p.local_hardware_ranks)) for p in actor] == [
             (0, OtherAccelerator.name, [0, 1]),
             (0, OtherAccelerator.name, [2, 3]),
         ]
         assert [p.env for p in actor] == [{"OTHER_VISIBLE": "0,1"}, {"OTHER_VISIBLE": "2,3"}]
         critic = placement.get_placements("critic")
-        assert [(p.node_rank, p.hardware_type, p.local_hardware_ranks) for p in critic] == [
+        assert [(p.node_rank, p.hardware_type, list(p.local_hardware_ranks)) for p in critic] == [
             (0, "fake-accelerator", [1]),
             (1, "fake-accelerator", [0]),
         ]
+
+
+def with_detected_robots(section: dict[str, Any]) -> hwplace.Cluster:
+    """A planned cluster whose node 1 carries what the fake-robot backend really detects there."""
+    planned = fake_cluster(section, accelerators_per_node=0)
+    robot_backend = planned.backend("fake-robot")
+    assert robot_backend is not None
+    detected = robot_backend.detect(planned.config.declared_configs(1)["fake-robot"])
+    nodes = list(planned.nodes)
+    nodes[1] = dataclasses.replace(nodes[1], hardware={**nodes[1].hardware, "fake-robot": tuple(detected)})
+    return hwplace.Cluster(section, nodes=nodes)
 
 
 def test_process_on_unhealthy_robot_is_an_error() -> None:
@@ -654,9 +664,8 @@ def test_process_on_unhealthy_robot_is_an_error() -> None:
         "node_groups": [ROBOT_GROUP],
         "component_placement": {"env": {"node_group": "robot", "placement": "0,1"}},
     }
-    cluster = fake_cluster(section, accelerators_per_node=0)
     with pytest.raises(hwplace.PlacementError) as info:
-        place(section, cluster)
+        place(section, with_detected_robots(section))
     exc = info.value
     assert exc.component == "env"
     assert exc.entry == "1"
@@ -672,7 +681,7 @@ def test_healthy_robot_next_to_an_unhealthy_one_is_fine() -> None:
         "node_groups": [ROBOT_GROUP],
         "component_placement": {"env": {"node_group": "robot", "placement": "0:0-2"}},
     }
-    cluster = fake_cluster(section, accelerators_per_node=0)
+    cluster = with_detected_robots(section)
     assert place(section, cluster).get_world_size("env") == 3
 
 
@@ -729,14 +738,29 @@ def test_missing_component_placement_is_a_config_error() -> None:
         place({"num_nodes": 1}, cluster_of([1]))
 
 
-def test_robots_not_detected_by_the_cluster_is_a_placement_error() -> None:
-    # The cluster was built without the robot declarations: the robot group has no resources.
+def test_robots_not_declared_to_the_cluster_is_a_config_error() -> None:
+    # The cluster was built without the robot declarations: it has not detected them.
     section = {
         "num_nodes": 2,
         "node_groups": [ROBOT_GROUP],
         "component_placement": {"env": {"node_group": "robot", "placement": "0"}},
     }
-    with pytest.raises(hwplace.PlacementError) as info:
+    with pytest.raises(hwplace.ConfigError, match="build the Cluster .or fake_cluster. with the same config") as info:
         place(section, fake_cluster(num_nodes=2, accelerators_per_node=1))
+    assert info.value.path == "cluster.node_groups"
+
+
+def test_robots_whose_detection_failed_say_why() -> None:
+    section = {
+        "num_nodes": 2,
+        "node_groups": [ROBOT_GROUP],
+        "component_placement": {"env": {"node_group": "robot", "placement": "0"}},
+    }
+    nodes = list(fake_cluster(section).nodes)
+    hardware = {name: devices for name, devices in nodes[1].hardware.items() if name != "fake-robot"}
+    nodes[1] = dataclasses.replace(nodes[1], hardware=hardware, problems={"fake-robot": "detect raised OSError(5)"})
+    with pytest.raises(hwplace.PlacementError, match=r"node 1, but the node has 0: detecting them failed: detect "
+                       r"raised OSError\(5\)") as info:
+        place(section, hwplace.Cluster(section, nodes=nodes))
     assert info.value.component == "env"
-    assert info.value.entry == "0"
+    assert "same config" not in str(info.value)

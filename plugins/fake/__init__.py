@@ -13,6 +13,7 @@ from typing import Any
 import hwplace
 
 COUNT_VARIABLE = "HWPLACE_FAKE_ACCELERATORS"
+MAX_ACCELERATORS = 4096  # per node; a larger count is a typo, refused before anything is allocated
 ROBOT_KEYS = ("node_rank", "name", "model", "unhealthy")
 
 
@@ -26,8 +27,8 @@ class FakeAccelerator(hwplace.HardwareBackend):
         raw = os.environ.get(COUNT_VARIABLE, "").strip()
         if not raw:
             return []
-        if not raw.isdigit():
-            raise ValueError(f"{COUNT_VARIABLE} must be a non-negative integer, got {raw!r}")
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 6 and int(raw) <= MAX_ACCELERATORS):
+            raise ValueError(f"{COUNT_VARIABLE} must be an integer from 0 to {MAX_ACCELERATORS}, got {raw[:20]!r}")
         host = socket.gethostname()
         return [
             hwplace.Device(i, "hwplace fake accelerator",
@@ -35,8 +36,8 @@ class FakeAccelerator(hwplace.HardwareBackend):
             for i in range(int(raw))
         ]
 
-    def isolation_env(self, local_ids: Sequence[int]) -> dict[str, str]:
-        return {"FAKE_VISIBLE_DEVICES": ",".join(map(str, local_ids))}
+    def isolation_env(self, devices: Sequence[hwplace.Device]) -> dict[str, str]:
+        return {"FAKE_VISIBLE_DEVICES": ",".join(str(d.index) for d in devices)}
 
 
 class FakeRobot(hwplace.HardwareBackend):
@@ -52,6 +53,9 @@ class FakeRobot(hwplace.HardwareBackend):
         for key in ("name", "model", "unhealthy"):
             if key in config and not isinstance(config[key], str):
                 raise ValueError(f"fake-robot {key} must be a string, got {config[key]!r}")
+        if "," in config.get("name", ""):
+            raise ValueError(f"a fake-robot name may not contain ',' (FAKE_ROBOTS lists names with commas), "
+                             f"got {config['name']!r}")
 
     def detect(self, configs: Sequence[Mapping[str, Any]]) -> list[hwplace.Device]:
         return [
@@ -65,8 +69,9 @@ class FakeRobot(hwplace.HardwareBackend):
             for i, config in enumerate(configs)
         ]
 
-    def isolation_env(self, local_ids: Sequence[int]) -> dict[str, str]:
-        return {"FAKE_ROBOTS": ",".join(map(str, local_ids))}
+    def isolation_env(self, devices: Sequence[hwplace.Device]) -> dict[str, str]:
+        """The robots' names: a robot is known by what its config calls it, not by its position."""
+        return {"FAKE_ROBOTS": ",".join(str(d.properties.get("name", f"fake-robot-{d.index}")) for d in devices)}
 
 
 @hwplace.hookimpl

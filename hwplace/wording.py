@@ -1,0 +1,38 @@
+"""Small helpers that keep hwplace's messages consistent: plurals, rank lists, did-you-mean."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``"1 node"``, ``"2 nodes"``; ``words`` for an irregular plural."""
+    return f"{count} {word if count == 1 else words or word + 's'}"
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest choice, or ``""``."""
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def ranks_text(ranks: Sequence[int], word: str = "node") -> str:
+    """``"node 3"``, or ``"nodes 0-3,7"`` for ascending ranks."""
+    if len(ranks) == 1:
+        return f"{word} {ranks[0]}"
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return f"{word}s " + ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
+
+
+def safe_repr(value: object) -> str:
+    """``repr(value)``, or a description of it when its ``__repr__`` raises."""
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"<{type(value).__name__} object; its repr raised {type(exc).__name__}>"
