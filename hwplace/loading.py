@@ -154,17 +154,14 @@ def _load_file(name: str) -> dict[str, Any]:
         line = data.count(b"\n", 0, exc.start) + 1
         raise ConfigError("", f"{name} is not UTF-8: byte {data[exc.start]:#04x} at offset {exc.start} "
                               f"(line {line}) {exc.reason}", allowed="save the file as UTF-8") from None
-    loader = _YamlLoader(text, name)
     try:
+        loader = _YamlLoader(text, name)  # already reads the start, and checks its characters
         node = loader.get_single_node()
         loaded = None if node is None else loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise ConfigError("", f"{name} is not valid YAML: {exc}") from None
     except RecursionError:  # only where the caller's own stack is already deep
-        raise ConfigError("", f"{name} is nested too deeply to read",
-                          allowed=_NESTING) from None
-    finally:
-        loader.dispose()
+        raise ConfigError("", f"{name} is nested too deeply to read", allowed=_NESTING) from None
     if node is None:
         raise ConfigError("", f"{name} is empty (or only comments); it must hold a mapping at the top level")
     if not isinstance(loaded, dict):

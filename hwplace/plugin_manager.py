@@ -132,9 +132,6 @@ class PluginManager:
         self.tracing = _env_flag("HWPLACE_TRACE_PLUGINS")
         for name in self.disabled:
             self._pm.set_blocked(name)
-        if self.tracing:
-            self._pm.trace.root.setwriter(lambda text: print(f"hwplace trace: {text}", end="", file=sys.stderr))
-            self._pm.enable_tracing()
         if load_entry_points:
             self.load_entry_points()
 
@@ -148,6 +145,10 @@ class PluginManager:
                 continue
             seen.add((ep.name, ep.value))
             dist = ep.dist.name if ep.dist is not None else "(unknown distribution)"
+            if ep.name in self._objects:
+                raise PluginError(f"two plugins are named {ep.name!r}: one from {self._distributions[ep.name]}, "
+                                  f"one from {dist}; uninstall or disable one (HWPLACE_DISABLED_PLUGINS)",
+                                  plugins=(ep.name,))
             try:
                 plugin = ep.load()
             except (Exception, SystemExit) as exc:  # a broken plugin must not take the others down
@@ -245,6 +246,7 @@ class PluginManager:
             except (Exception, SystemExit) as exc:
                 self._hook_failed(name, f"{hook} raised {safe_repr(exc)}", hook)
                 return None
+            self._trace(f"{hook}() [plugin {name}] -> {safe_repr(result)}")
             if not isinstance(result, list | tuple):
                 self._hook_failed(name, f"{hook} returned {safe_repr(result)}, not a list", hook)
                 return None

@@ -45,14 +45,14 @@ def _counts(value: Any, num_nodes: int | None, config_nodes: int | None) -> list
     return counts
 
 
-def _types(value: Any, count: int, manager: PluginManager) -> list[str]:
-    types = [value] * count if isinstance(value, str) else list(value) if isinstance(value, Sequence) else None
-    if types is None or len(types) != count:
-        raise ConfigError("accelerator_type", f"must be a backend name, or one per node ({count})",
+def _types(value: Any, counts: list[int], manager: PluginManager) -> list[str]:
+    types = [value] * len(counts) if isinstance(value, str) else list(value) if isinstance(value, Sequence) else None
+    if types is None or len(types) != len(counts):
+        raise ConfigError("accelerator_type", f"must be a backend name, or one per node ({len(counts)})",
                           value=value)
     accelerators = [b.name for b in manager.backends_of_kind("accelerator")]
-    for name in types:
-        if name not in accelerators:
+    for name, count in zip(types, counts, strict=True):
+        if count and name not in accelerators:
             raise ConfigError("accelerator_type", f"{safe_repr(name)} is not a registered accelerator backend",
                               allowed=f"registered: {', '.join(accelerators) or 'none'}"
                                       f"{did_you_mean(str(name), accelerators)}")
@@ -78,7 +78,7 @@ def fake_cluster(
     manager = plugin_manager or get_plugin_manager()
     config = parse_cluster_config(cluster_cfg, plugin_manager=manager) if cluster_cfg is not None else None
     counts = _counts(accelerators_per_node, num_nodes, config.num_nodes if config else None)
-    types = _types(accelerator_type, len(counts), manager)
+    types = _types(accelerator_type, counts, manager)
     node_backends = manager.backends_of_kind("node")
     nodes = []
     for rank, (count, type_name) in enumerate(zip(counts, types, strict=True)):

@@ -285,7 +285,7 @@ def test_cluster_section_must_be_a_mapping() -> None:
 
 def test_unknown_cluster_key_suggests_num_nodes() -> None:
     error = fails({"num_node": 2}, "cluster.num_node", "unknown key.*did you mean 'num_nodes'")
-    assert "allowed keys: num_nodes, address, node_groups, component_placement" in str(error)
+    assert "allowed keys: num_nodes, address, executor, node_groups, component_placement" in str(error)
 
 
 def test_unknown_cluster_key_beside_num_nodes() -> None:
@@ -321,7 +321,45 @@ def test_address_is_kept() -> None:
 
 @pytest.mark.parametrize("value", ["", "  ", 5])
 def test_bad_address(value: Any) -> None:
-    fails(section(address=value), "cluster.address", "must be 'auto' or a Ray address")
+    fails(section(address=value), "cluster.address", "must be a non-empty string: 'auto' or a Ray address")
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("ray://head:10001\n", "ends with whitespace or a line break"),
+    ("ray://he\0ad", "contains a NUL byte"),
+])
+def test_address_with_a_hidden_character(value: str, problem: str) -> None:
+    fails(section(address=value), "cluster.address", problem)
+
+
+def test_executor_defaults_to_ray_and_can_be_named() -> None:
+    assert parse_cluster_config(section()).executor == "ray"
+    assert parse_cluster_config(section(executor=None)).executor == "ray"
+    assert parse_cluster_config(section(executor="my-runtime")).executor == "my-runtime"
+
+
+@pytest.mark.parametrize("value", ["Ray Cluster", "", 3, False])
+def test_bad_executor_name(value: Any) -> None:
+    fails(section(executor=value), "cluster.executor", "executor name")
+
+
+@pytest.mark.parametrize("num_nodes", [100_001, 10**10, 10**20])
+def test_absurd_num_nodes_is_refused_at_once(num_nodes: int) -> None:
+    fails({"num_nodes": num_nodes, "node_groups": [{"label": "g", "node_ranks": "all"}]}, "cluster.num_nodes",
+          "is more than 100000 nodes")
+
+
+@pytest.mark.parametrize(("key", "value"), [("node_groups", False), ("node_groups", 0), ("component_placement", False),
+                                            ("component_placement", "")])
+def test_falsy_sections_are_not_taken_for_empty(key: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=f"cluster.{key}: must be a "):
+        parse_cluster_config(section(**{key: value}))
+
+
+def test_all_is_accepted_in_any_letter_case() -> None:
+    config = parse_cluster_config(section(3, node_groups=[{"label": "g", "node_ranks": "ALL"},
+                                                          {"label": "h", "node_ranks": " All "}]))
+    assert config.group("g").node_ranks == config.group("h").node_ranks == (0, 1, 2)
 
 
 def test_node_groups_must_be_a_list() -> None:
@@ -487,11 +525,25 @@ def test_env_vars_as_list_of_one_key_mappings() -> None:
     assert config.group("g").env_vars(1) == {}
 
 
-def test_env_values_int_and_float_become_strings() -> None:
-    config = parse_cluster_config(env_group({"node_ranks": 0, "env_vars": {"N": 8, "F": 0.5, "Z": 0}}))
+def test_env_values_int_and_bool_become_strings() -> None:
+    config = parse_cluster_config(env_group({"node_ranks": 0, "env_vars": {"N": 8, "T": True, "F": False, "Z": 0}}))
     env = config.group("g").env_vars(0)
-    assert env == {"N": "8", "F": "0.5", "Z": "0"}
+    assert env == {"N": "8", "T": "true", "F": "false", "Z": "0"}
     assert all(isinstance(v, str) for v in env.values())
+
+
+@pytest.mark.parametrize("value", [11.10, 0.5, 1e3, float("nan"), float("inf")])
+def test_env_value_float_is_refused_with_a_hint_to_quote_it(value: float) -> None:
+    fails(env_group({"node_ranks": 0, "env_vars": {"V": value}}), "cluster.node_groups[0].env_configs[0].env_vars.V",
+          r"number with a fraction, which YAML would change .*quote it")
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("a\0b", "NUL byte"), ("eth0\n", "ends with a line break"), ("x\r\n", "ends with a line break"),
+])
+def test_env_value_with_a_hidden_character_is_refused(value: str, problem: str) -> None:
+    fails(env_group({"node_ranks": 0, "env_vars": {"V": value}}), "cluster.node_groups[0].env_configs[0].env_vars.V",
+          problem)
 
 
 def test_env_list_item_with_two_keys() -> None:
@@ -522,18 +574,10 @@ def test_env_var_name_not_a_string() -> None:
           "cluster.node_groups[0].env_configs[0].env_vars.3", "is not a valid environment variable name")
 
 
-@pytest.mark.parametrize("value", [True, False])
-def test_env_value_bool(value: bool) -> None:
-    error = fails(env_group({"node_ranks": 0, "env_vars": {"FLAG": value}}),
-                  "cluster.node_groups[0].env_configs[0].env_vars.FLAG", "environment values are strings or numbers")
-    assert error.value is value
-    assert "quote booleans" in str(error)
-
-
 @pytest.mark.parametrize("value", [None, [1], {"a": 1}])
 def test_env_value_other_types(value: Any) -> None:
     fails(env_group({"node_ranks": 0, "env_vars": {"V": value}}),
-          "cluster.node_groups[0].env_configs[0].env_vars.V", "environment values are strings or numbers")
+          "cluster.node_groups[0].env_configs[0].env_vars.V", "environment values are strings, integers or booleans")
 
 
 def test_env_var_set_twice_in_one_list() -> None:
@@ -633,7 +677,13 @@ def test_two_interpreters_for_one_node() -> None:
 @pytest.mark.parametrize("value", ["", "  ", 3])
 def test_bad_interpreter_path(value: Any) -> None:
     fails(env_group({"node_ranks": 0, "python_interpreter_path": value}),
-          "cluster.node_groups[0].env_configs[0].python_interpreter_path", "must be a non-empty path")
+          "cluster.node_groups[0].env_configs[0].python_interpreter_path", "must be a non-empty string: the path")
+
+
+@pytest.mark.parametrize("value", ["/opt/venv/bin/python\n", "/opt/py\0thon"])
+def test_interpreter_path_with_a_hidden_character(value: str) -> None:
+    fails(env_group({"node_ranks": 0, "python_interpreter_path": value}),
+          "cluster.node_groups[0].env_configs[0].python_interpreter_path", "NUL byte|line break")
 
 
 # -- hardware ---------------------------------------------------------------------------------------

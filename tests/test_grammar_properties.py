@@ -272,7 +272,7 @@ def test_component_placement_of_random_strings(text: str, counts: list[int], gro
         assert p.node_id == node.node_id
         # every resource of the process is one of its own node's resources
         if p.hardware_type == "node":
-            assert p.local_hardware_ranks == [0]
+            assert p.local_hardware_ranks == (0,)
             assert p.local_accelerator_id == -1
         else:
             own = {d.index for d in node.devices(p.hardware_type)}
@@ -303,5 +303,5 @@ def test_component_placement_of_valid_strings_matches_the_grammar(generated: Gen
         assert "one node" in placement.reason
         return
     assert isinstance(placement, hwplace.ComponentPlacement), placement
-    got = [(p.node_rank, p.local_hardware_ranks) for p in placement.get_placements("actor")]
+    got = [(p.node_rank, list(p.local_hardware_ranks)) for p in placement.get_placements("actor")]
     assert got == [(ids[0] // 8, [i % 8 for i in ids]) for ids in generated.expected]

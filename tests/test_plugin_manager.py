@@ -118,7 +118,7 @@ def test_a_hook_that_raises_or_returns_garbage_is_reported_by_name() -> None:
     assert "boom" in failures["exploding"]
     assert "not a hwplace.HardwareBackend" in failures["garbage"]
     assert "lower-case" in failures["badname"]
-    assert "not a list of backends" in failures["single"]
+    assert "hwplace_hardware_backends returned <Raising 'raising' (accelerator)>, not a list" in failures["single"]
     assert "node" in manager.backends()
 
 
@@ -127,7 +127,7 @@ def test_disabled_plugins_are_not_loaded(monkeypatch, fresh_manager) -> None:
     manager = fresh_manager()
     assert "fake" not in manager.plugins()
     assert set(manager.backends()) == {"node"}
-    with pytest.raises(hwplace.PluginError, match="fake-accelerator"):
+    with pytest.raises(hwplace.ConfigError, match="'fake-accelerator' is not a registered accelerator backend"):
         fake_cluster(num_nodes=1, accelerators_per_node=2)
 
 
@@ -198,7 +198,7 @@ def test_broken_backend_does_not_hide_the_others_on_a_node(monkeypatch, fresh_ma
     monkeypatch.setenv("HWPLACE_FAKE_ACCELERATORS", "3")
     fresh_manager()
     with registered_plugin(Plugin(Raising()), name="raising-plugin"):
-        cluster = hwplace.Cluster()  # this machine, every backend detected
+        cluster = hwplace.Cluster.this_machine()  # every backend detected
     node = cluster.nodes[0]
     assert len(node.devices("fake-accelerator")) == 3
     assert any("raising" in p and "driver exploded" in p for p in cluster.problems)
@@ -229,11 +229,12 @@ class BrokenRobots(hwplace.HardwareBackend):
         return 1 / 0
 
 
-def test_a_problem_on_many_nodes_is_reported_once_with_its_nodes(monkeypatch) -> None:
+def test_a_problem_on_many_nodes_is_reported_once_with_its_nodes() -> None:
     manager = PluginManager(load_entry_points=False)
     manager.register(Plugin(BrokenRobots()), name="broken-robots")
-    monkeypatch.setattr(plugin_manager, "_manager", manager)
-    cfg = {"num_nodes": 6, "node_groups": [{"label": "arms", "node_ranks": "0-3,5", "hardware": {
-        "type": "fake-robot", "configs": [{"node_rank": r} for r in (0, 1, 2, 3, 5)]}}]}
-    cluster = fake_cluster(cfg)
+    detection = manager.detect("fake-robot", [{"node_rank": 0}])
+    assert detection.error == "detect raised ZeroDivisionError('division by zero')"
+    nodes = [hwplace.Node(rank, f"n{rank}", f"10.0.0.{rank}", problems={"fake-robot": detection.error} if rank != 4
+                          else {}) for rank in range(6)]
+    cluster = hwplace.Cluster(nodes=nodes, plugin_manager=manager)
     assert cluster.problems == ["nodes 0-3,5: fake-robot: detect raised ZeroDivisionError('division by zero')"]

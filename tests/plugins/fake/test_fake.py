@@ -28,12 +28,24 @@ def test_a_bad_count_is_reported_as_a_broken_backend(monkeypatch) -> None:
     monkeypatch.setenv("HWPLACE_FAKE_ACCELERATORS", "eight")
     detection = PluginManager().detect("fake-accelerator")
     assert detection.devices == ()
-    assert "HWPLACE_FAKE_ACCELERATORS must be a non-negative integer, got 'eight'" in detection.error
+    assert "HWPLACE_FAKE_ACCELERATORS must be an integer from 0 to 4096, got 'eight'" in detection.error
+
+
+@pytest.mark.parametrize("count", ["4097", "1000000000", "9" * 5000, "٣"])
+def test_an_absurd_count_is_refused_before_anything_is_allocated(monkeypatch, count) -> None:
+    monkeypatch.setenv("HWPLACE_FAKE_ACCELERATORS", count)
+    detection = PluginManager().detect("fake-accelerator", timeout=5)
+    assert detection.devices == ()
+    assert "must be an integer from 0 to 4096" in detection.error
+    assert detection.seconds < 1
 
 
 def test_isolation_variables() -> None:
-    assert FakeAccelerator().isolation_env([1, 3]) == {"FAKE_VISIBLE_DEVICES": "1,3"}
-    assert FakeRobot().isolation_env([0]) == {"FAKE_ROBOTS": "0"}
+    accelerators = [hwplace.Device(i, "fake") for i in (1, 3)]
+    assert FakeAccelerator().isolation_env(accelerators) == {"FAKE_VISIBLE_DEVICES": "1,3"}
+    robots = FakeRobot().detect([{"node_rank": 0, "name": "left"}, {"node_rank": 0}])
+    assert FakeRobot().isolation_env(robots) == {"FAKE_ROBOTS": "left,fake-robot-1"}
+    assert FakeRobot().isolation_env(robots[1:]) == {"FAKE_ROBOTS": "fake-robot-1"}
 
 
 def test_one_robot_per_config_with_its_health() -> None:
@@ -44,14 +56,18 @@ def test_one_robot_per_config_with_its_health() -> None:
 
 @pytest.mark.parametrize(
     ("config", "problem"),
-    [({"node_rank": 0, "port": "/dev/ttyUSB0"}, "unknown fake-robot key"), ({"node_rank": 0, "name": 3}, "string")],
+    [
+        ({"node_rank": 0, "port": "/dev/ttyUSB0"}, "unknown fake-robot key"),
+        ({"node_rank": 0, "name": 3}, "string"),
+        ({"node_rank": 0, "name": "a,b"}, "may not contain ','"),
+    ],
 )
 def test_robot_configs_are_checked(config, problem) -> None:
     with pytest.raises(ValueError, match=problem):
         FakeRobot().check_config(config)
 
 
-def test_fake_cluster_detects_per_node_counts_and_declared_robots() -> None:
+def test_fake_cluster_plans_per_node_counts_and_declared_robots() -> None:
     cfg = {"num_nodes": 2, "node_groups": [{"label": "robot", "node_ranks": 1, "hardware": {
         "type": "fake-robot", "configs": [{"node_rank": 1, "name": "a"}, {"node_rank": 1, "name": "b"}]}}]}
     cluster = hwplace.testing.fake_cluster(cfg, accelerators_per_node=[4, 2])
@@ -72,7 +88,7 @@ def test_fake_cluster_leaves_the_callers_environment_alone(monkeypatch) -> None:
     ("kwargs", "problem"),
     [
         ({"num_nodes": 2, "accelerators_per_node": [8]}, "gives 1 counts for num_nodes=2"),
-        ({"accelerators_per_node": [8, -1]}, "-1 is not a non-negative integer"),
+        ({"accelerators_per_node": [8, -1]}, "-1 is not a count from 0 to 65536"),
         ({"accelerators_per_node": True}, "must be an integer"),
         ({"accelerators_per_node": []}, "at least one node"),
     ],
