@@ -9,7 +9,7 @@ YAML is read with ``yaml.SafeLoader``, but plain scalars resolve the YAML 1.2 wa
 twice in one mapping is an error (YAML would silently keep the last); keys brought in by a merge (``<<: *base``)
 may be overridden.
 
-Hostile input fails fast and in bounded memory. Refused: files over 16 MiB or not UTF-8, integer literals over
+Hostile input fails fast and in bounded memory. Refused: files over 1 MiB or not UTF-8, integer literals over
 30 digits, nesting over 100 levels, self-references (recursive anchors, a dict that contains itself), and
 anything that expands to over 1,000,000 values (scalars, lists, mappings and keys, counted each time an alias
 or a shared object repeats them).
@@ -27,7 +27,7 @@ import yaml
 
 from hwplace.errors import ConfigError
 
-_MAX_FILE_BYTES = 16 * 1024 * 1024
+_MAX_FILE_BYTES = 1024 * 1024  # PyYAML reads 70 KiB to 1 MiB a second
 _MAX_INT_DIGITS = 30
 _MAX_DEPTH = 100
 _MAX_VALUES = 1_000_000
@@ -51,6 +51,7 @@ class _YamlLoader(yaml.SafeLoader):
         self._values = 0  # values composed so far, an alias counting as all it repeats
         self._open: set[str | None] = set()  # anchors of the collections being composed
         self._extents: dict[yaml.Node, tuple[int, int]] = {}
+        self._checked: set[yaml.MappingNode] = set()  # mappings whose keys were checked for duplicates
 
     def _error(self, mark: yaml.Mark | None, problem: str, allowed: str | None = None) -> ConfigError:
         where = f"{self.name}:{mark.line + 1}" if mark else self.name
@@ -104,10 +105,11 @@ class _YamlLoader(yaml.SafeLoader):
             tag = node.tag.rpartition(":")[2]
             raise self._error(node.start_mark, f"cannot read {node.value[:80]!r} as {tag}: {exc}") from None
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        if isinstance(node, yaml.MappingNode):  # else yaml reports the misplaced tag
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        if node not in self._checked:  # the first call sees the keys as written; merging then adds keys
+            self._checked.add(node)
             self._refuse_duplicate_keys(node)
-        return super().construct_mapping(node, deep)
+        super().flatten_mapping(node)
 
     def _refuse_duplicate_keys(self, node: yaml.MappingNode) -> None:
         lines: dict[Hashable, int] = {}

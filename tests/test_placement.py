@@ -745,7 +745,7 @@ def test_robots_not_declared_to_the_cluster_is_a_config_error() -> None:
         "node_groups": [ROBOT_GROUP],
         "component_placement": {"env": {"node_group": "robot", "placement": "0"}},
     }
-    with pytest.raises(hwplace.ConfigError, match="build the Cluster .or fake_cluster. with the same config") as info:
+    with pytest.raises(hwplace.ConfigError, match=r"build the Cluster \(or fake_cluster\) with the same") as info:
         place(section, fake_cluster(num_nodes=2, accelerators_per_node=1))
     assert info.value.path == "cluster.node_groups"
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 import hwplace
-from hwplace import plugin_manager
+from hwplace.cli import main
 from hwplace.plugin_manager import PluginManager
 from hwplace.testing import fake_cluster, registered_plugin
 
@@ -20,8 +23,8 @@ class TPU(hwplace.HardwareBackend):
     kind = "accelerator"
     def detect(self, configs):
         return [hwplace.Device(0, "vendor tpu")]
-    def isolation_env(self, local_ids):
-        return {{"TPU_VISIBLE_CHIPS": ",".join(map(str, local_ids))}}
+    def isolation_env(self, devices):
+        return {{"TPU_VISIBLE_CHIPS": ",".join(str(d.index) for d in devices)}}
 
 @hwplace.hookimpl
 def hwplace_hardware_backends():
@@ -72,7 +75,8 @@ def test_vendor_package_is_found_through_its_entry_point(vendor_distribution) ->
     vendor_distribution("vendor-tpu", "vendor_tpu", TPU_PLUGIN.format(name="vendor-tpu"))
     info = PluginManager().backend("vendor-tpu")
     assert (info.plugin, info.distribution, info.kind) == ("vendor_tpu", "vendor-tpu", "accelerator")
-    assert info.backend.isolation_env([0, 2]) == {"TPU_VISIBLE_CHIPS": "0,2"}
+    chips = [hwplace.Device(0, "tpu"), hwplace.Device(2, "tpu")]
+    assert info.backend.isolation_env(chips) == {"TPU_VISIBLE_CHIPS": "0,2"}
 
 
 def test_two_backends_with_one_name_is_an_error_naming_both_distributions(vendor_distribution) -> None:
@@ -238,3 +242,318 @@ def test_a_problem_on_many_nodes_is_reported_once_with_its_nodes() -> None:
                           else {}) for rank in range(6)]
     cluster = hwplace.Cluster(nodes=nodes, plugin_manager=manager)
     assert cluster.problems == ["nodes 0-3,5: fake-robot: detect raised ZeroDivisionError('division by zero')"]
+
+
+# -- hooks are called through pluggy ------------------------------------------------------------------
+
+
+class Extra(hwplace.HardwareBackend):
+    name = "extra"
+    kind = "accelerator"
+
+    def detect(self, configs):
+        return []
+
+
+class Wrapping:
+    """A plugin that wraps the other plugins' results, as pluggy's new-style wrappers do."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[str]] = []
+
+    @hwplace.hookimpl(wrapper=True)
+    def hwplace_hardware_backends(self):
+        results = yield
+        self.seen.append(sorted(b.name for result in results for b in result))
+        return [*results, [Extra()]]
+
+
+def test_a_hook_wrapper_sees_every_result_and_may_add_to_them() -> None:
+    manager = PluginManager()
+    wrapper = Wrapping()
+    manager.register(wrapper, name="wrapping")
+    backends = manager.backends()
+    assert wrapper.seen == [["fake-accelerator", "fake-robot", "node"]]
+    assert set(backends) == {"node", "fake-accelerator", "fake-robot", "extra"}
+    assert backends["extra"].plugin == "(a hook wrapper)"
+    assert backends["fake-robot"].plugin == "fake"
+    assert manager.failures == []
+
+
+def test_a_plain_hook_that_raises_does_not_stop_a_wrapper_or_the_others() -> None:
+    manager = PluginManager()
+    wrapper = Wrapping()
+    manager.register(wrapper, name="wrapping")
+    manager.register(Plugin(Raising()), name="fine")
+    manager.register(Exploding(), name="exploding")
+    assert {"node", "fake-accelerator", "raising", "extra"} <= set(manager.backends())
+    assert [(f.plugin, f.error) for f in manager.failures] == [
+        ("exploding", "hwplace_hardware_backends raised SystemExit(3)")]
+
+
+class Exploding:
+    @hwplace.hookimpl
+    def hwplace_hardware_backends(self):
+        raise SystemExit(3)
+
+
+def test_wrapper_true_on_a_plain_function_cannot_be_registered() -> None:
+    class NotAGenerator:
+        @hwplace.hookimpl(wrapper=True)
+        def hwplace_hardware_backends(self):
+            return []
+
+    manager = PluginManager()
+    with pytest.raises(hwplace.PluginError, match=r"plugin 'not-a-generator' .* cannot be registered.*generator"):
+        manager.register(NotAGenerator(), name="not-a-generator")
+    assert "not-a-generator" not in manager.plugins()
+    assert "fake-accelerator" in manager.backends()
+
+
+# -- plugins broken in every way are reported by name; the others keep working -----------------------
+
+BROKEN_PLUGINS = {
+    "wrong signature": ("import hwplace\n@hwplace.hookimpl\ndef hwplace_hardware_backends(cluster):\n    return []\n",
+                        "cannot be registered"),
+    "exit at import": ("raise SystemExit('no licence server')\n", "SystemExit('no licence server')"),
+    "wrapper on a plain function": (
+        "import hwplace\n@hwplace.hookimpl(wrapper=True)\ndef hwplace_hardware_backends():\n    return []\n",
+        "cannot be registered"),
+    "name that raises": ("import hwplace\nclass B(hwplace.HardwareBackend):\n    kind = 'accelerator'\n"
+                         "    @property\n    def name(self):\n        raise KeyError('name')\n"
+                         "    def __repr__(self):\n        raise ValueError('repr')\n"
+                         "@hwplace.hookimpl\ndef hwplace_hardware_backends():\n    return [B()]\n",
+                         "reading B.name and .kind raised KeyError('name')"),
+    "returns a string": ("import hwplace\n@hwplace.hookimpl\ndef hwplace_hardware_backends():\n    return 'tpu'\n",
+                         "returned 'tpu', not a list"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BROKEN_PLUGINS))
+def test_a_broken_plugin_is_reported_by_name_and_the_others_work(
+    vendor_distribution, fresh_manager, breakage, capsys
+) -> None:
+    source, problem = BROKEN_PLUGINS[breakage]
+    vendor_distribution("broken-vendor", "broken_vendor", source)
+    manager = fresh_manager()
+    failures = [(f.plugin, f.distribution) for f in manager.failures]
+    assert failures == [("broken_vendor", "broken-vendor")]
+    assert problem in manager.failures[0].error
+    assert {"node", "fake-accelerator", "fake-robot"} <= set(manager.backends())
+    code = main(["hardware", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert any("broken_vendor" in p and problem in p for p in report["problems"])
+
+
+def test_an_entry_point_naming_a_module_already_registered_is_reported(vendor_distribution) -> None:
+    info = vendor_distribution("copycat", "copycat_unused", "", entry_point="copycat")
+    (info / "entry_points.txt").write_text("[hwplace]\ncopycat = hwplace_plugins.fake\nstdlib = json\n")
+    manager = PluginManager()
+    # Whichever entry point comes first holds the module; the other is reported, naming both.
+    [failure] = manager.failures
+    assert failure.plugin in {"fake", "copycat"}
+    assert re.search(r"hwplace_plugins.fake.*already registered as plugin '(fake|copycat)'", failure.error)
+    assert {"fake", "copycat"} - {failure.plugin} <= set(manager.plugins())
+    assert manager.backends()["fake-accelerator"].plugin in {"fake", "copycat"}
+    assert "stdlib" in manager.plugins()  # a module without hooks is harmless
+
+
+def test_check_config_raising_anything_is_a_config_error_naming_the_backend() -> None:
+    class Picky(hwplace.HardwareBackend):
+        name = "picky"
+        kind = "device"
+
+        def detect(self, configs):
+            return []
+
+        def check_config(self, config):
+            return config["port"]  # KeyError for a config without one
+
+    manager = PluginManager()
+    manager.register(Plugin(Picky()), name="picky-plugin")
+    section = {"num_nodes": 1, "node_groups": [{"label": "arms", "node_ranks": 0,
+                                                "hardware": {"type": "picky", "configs": [{"node_rank": 0}]}}]}
+    with pytest.raises(hwplace.ConfigError, match=r"configs\[0\]: the 'picky' backend .* failed to check this entry: "
+                       r"check_config raised KeyError\('port'\)"):
+        hwplace.parse_cluster_config(section, plugin_manager=manager)
+
+
+def test_device_properties_that_are_not_plain_data_fail_detection_not_the_command(fresh_manager, capsys) -> None:
+    fresh_manager()
+    class Odd(hwplace.HardwareBackend):
+        name = "odd"
+        kind = "accelerator"
+
+        def detect(self, configs):
+            return [hwplace.Device(0, "odd", properties={"handle": object()})]
+
+    class Nullish(hwplace.HardwareBackend):
+        name = "nullish"
+        kind = "accelerator"
+
+        def detect(self, configs):
+            return [hwplace.Device(0, "nullish", properties={"serial": None, "ids": [1, 2]})]
+
+    with registered_plugin(Plugin(Odd(), Nullish()), name="odd-plugin"):
+        code = main(["hardware", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    odd = next(b for b in report["backends"] if b["name"] == "odd")
+    assert odd["devices"] == []
+    assert "Device.properties['handle'] is a object" in odd["problem"]
+    nullish = next(b for b in report["backends"] if b["name"] == "nullish")
+    assert nullish["devices"][0]["properties"] == {"serial": None, "ids": [1, 2]}
+
+
+# -- detection runs once, and a hung detect is never started twice -----------------------------------
+
+
+class Counting(hwplace.HardwareBackend):
+    name = "counting"
+    kind = "accelerator"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def detect(self, configs):
+        self.calls += 1
+        return [hwplace.Device(0, "counted")]
+
+
+def test_detection_runs_once_per_manager_unless_refreshed() -> None:
+    backend = Counting()
+    manager = PluginManager(load_entry_points=False)
+    manager.register(Plugin(backend), name="counting-plugin")
+    first = manager.detect("counting")
+    assert manager.detect("counting") is first
+    hwplace.Cluster.this_machine(plugin_manager=manager)
+    assert backend.calls == 1
+    manager.detect("counting", refresh=True)
+    assert backend.calls == 2
+
+
+def test_a_detect_that_timed_out_is_not_started_again_while_it_runs() -> None:
+    sleepy = Sleepy()
+    manager = PluginManager(load_entry_points=False)
+    manager.register(Plugin(sleepy), name="sleepy-plugin")
+    try:
+        before = threading.active_count()
+        assert manager.detect("sleepy", timeout=0.05).error == "detect did not finish within 0.05 s"
+        for _ in range(5):
+            again = manager.detect("sleepy", timeout=0.05, refresh=True)
+            assert again.error == "an earlier detect is still running (it timed out and has not returned)"
+        assert threading.active_count() == before + 1
+    finally:
+        sleepy.release.set()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "1e9"])
+def test_detect_timeout_must_be_a_finite_positive_bound(monkeypatch, value) -> None:
+    monkeypatch.setenv("HWPLACE_DETECT_TIMEOUT", value)
+    with pytest.raises(hwplace.PluginError, match=r"HWPLACE_DETECT_TIMEOUT is .*above 0 and at most 3600"):
+        PluginManager().detect("node")
+
+
+# -- registered_plugin while the plugin is also installed ---------------------------------------------
+
+
+def test_registered_plugin_of_an_installed_plugin_leaves_it_in_place() -> None:
+    import hwplace_plugins.fake as fake_plugin
+
+    manager = PluginManager()
+    with registered_plugin(fake_plugin, plugin_manager=manager) as name:
+        assert name == "fake"
+        assert manager.backends()["fake-accelerator"].distribution == "hwplace"
+    assert manager.plugins()["fake"] == "hwplace"
+
+
+def test_registered_plugin_sets_aside_an_installed_one_providing_the_same_backend() -> None:
+    import hwplace_plugins.fake as fake_plugin
+
+    class DevelopmentFake(hwplace.HardwareBackend):
+        name = "fake-accelerator"
+        kind = "accelerator"
+
+        def detect(self, configs):
+            return []
+
+    manager = PluginManager()
+    with registered_plugin(Plugin(DevelopmentFake()), name="fake-dev", plugin_manager=manager):
+        assert isinstance(manager.backend("fake-accelerator").backend, DevelopmentFake)
+        assert "fake" not in manager.plugins()
+    assert manager.plugin("fake") is fake_plugin
+    assert manager.plugins()["fake"] == "hwplace"
+    assert manager.backend("fake-accelerator").plugin == "fake"
+    with registered_plugin(fake_plugin, name="fake-again", plugin_manager=manager):
+        assert manager.backend("fake-accelerator").plugin == "fake-again"
+    assert manager.backend("fake-accelerator").plugin == "fake"
+
+
+# -- executors ------------------------------------------------------------------------------------------
+
+
+class InventoryExecutor(hwplace.Executor):
+    """An executor over a fixed inventory, enough to exercise the hook and Cluster's use of it."""
+
+    name = "inventory"
+
+    def discover(self, config, plugin_manager):
+        return [hwplace.Node(rank, f"inv-{rank}", f"10.1.0.{rank}") for rank in range(3)]
+
+
+class ExecutorPlugin:
+    def __init__(self, *executors: object) -> None:
+        self.executors = list(executors)
+
+    @hwplace.hookimpl
+    def hwplace_executors(self):
+        return self.executors
+
+
+def test_an_executor_plugin_is_found_by_name_and_used_by_cluster() -> None:
+    manager = PluginManager()
+    manager.register(ExecutorPlugin(InventoryExecutor()), name="inventory-plugin")
+    assert manager.executors()["inventory"].plugin == "inventory-plugin"
+    cluster = hwplace.Cluster({"num_nodes": 2, "executor": "inventory"}, plugin_manager=manager)
+    assert [n.node_id for n in cluster.nodes] == ["inv-0", "inv-1"]
+    with pytest.raises(hwplace.ConfigError, match=r"cluster.executor: no executor is named 'inventary'; registered: "
+                       r"inventory; did you mean 'inventory'\?"):
+        hwplace.Cluster({"num_nodes": 1, "executor": "inventary"}, plugin_manager=manager)
+
+
+def test_broken_or_clashing_executors() -> None:
+    manager = PluginManager()
+    manager.register(ExecutorPlugin("not an executor", InventoryExecutor()), name="mixed")
+    assert set(manager.executors()) == {"inventory"}
+    assert any("'not an executor' is not a hwplace.Executor" in f.error for f in manager.failures)
+    manager.register(ExecutorPlugin(InventoryExecutor()), name="second")
+    with pytest.raises(hwplace.PluginError, match=r"two executors are named 'inventory': one from plugin '(mix|sec)"):
+        manager.executors()
+
+
+def test_the_default_executor_is_named_in_the_error_when_missing() -> None:
+    manager = PluginManager(load_entry_points=False)
+    with pytest.raises(hwplace.ConfigError, match=r"cluster.executor: no executor is named 'ray'.*hwplace\[ray\]"):
+        hwplace.Cluster({"num_nodes": 1}, plugin_manager=manager)
+
+
+def test_the_core_finds_the_node_backend_by_kind_only(monkeypatch) -> None:
+    monkeypatch.setenv("HWPLACE_DISABLED_PLUGINS", "node")
+    manager = PluginManager()
+    with pytest.raises(hwplace.PluginError, match=r"exactly one backend of kind 'node' must be registered, found none.*"
+                       "HWPLACE_DISABLED_PLUGINS=node"):
+        manager.node_backend()
+    cluster = fake_cluster(num_nodes=1, accelerators_per_node=2, plugin_manager=manager)
+    assert set(cluster.nodes[0].hardware) == {"fake-accelerator"}  # nothing stands in for the node backend
+    with pytest.raises(hwplace.PlacementError, match="exactly one backend of kind 'node'"):
+        hwplace.NodePlacementStrategy([0]).get_placement(cluster)
+    assert len(hwplace.PackedPlacementStrategy(0, 1).get_placement(cluster)) == 2
+
+
+def test_builtin_plugins_use_only_the_public_api() -> None:
+    root = Path(hwplace.__file__).resolve().parents[1] / "plugins"
+    for source in root.rglob("*.py"):
+        text = source.read_text()
+        assert "from hwplace." not in text, source
+        assert "import hwplace." not in text, source
