@@ -36,7 +36,7 @@ class ComponentPlacement:
                               allowed="build the Cluster (or fake_cluster) with the same config")
         if self.config.num_nodes > cluster.num_nodes:
             raise ConfigError("cluster.num_nodes", f"is {self.config.num_nodes} but the cluster has "
-                              f"{cluster.num_nodes} node(s)", allowed="build the Cluster with the same config")
+                              f"{plural(cluster.num_nodes, 'node')}", allowed="build the Cluster with the same config")
         if not self.config.components:
             raise ConfigError("cluster.component_placement", "is missing or empty: no component to place")
         self.cluster = cluster

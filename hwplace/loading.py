@@ -9,7 +9,7 @@ YAML is read with ``yaml.SafeLoader``, but plain scalars resolve the YAML 1.2 wa
 twice in one mapping is an error (YAML would silently keep the last); keys brought in by a merge (``<<: *base``)
 may be overridden.
 
-Hostile input fails fast and in bounded memory. Refused: files over 1 MiB or not UTF-8, integer literals over
+Hostile input fails in bounded time and memory. Refused: files over 1 MiB or not UTF-8, integer literals over
 30 digits, nesting over 100 levels, self-references (recursive anchors, a dict that contains itself), and
 anything that expands to over 1,000,000 values (scalars, lists, mappings and keys, counted each time an alias
 or a shared object repeats them).
@@ -27,11 +27,11 @@ import yaml
 
 from hwplace.errors import ConfigError
 
-_MAX_FILE_BYTES = 1024 * 1024  # PyYAML reads 70 KiB to 1 MiB a second
+_MAX_FILE_BYTES = 1024 * 1024  # pure-Python PyYAML parses as little as 64 KiB a second
 _MAX_INT_DIGITS = 30
 _MAX_DEPTH = 100
 _MAX_VALUES = 1_000_000
-_NESTING = f"nest lists and mappings at most {_MAX_DEPTH} levels deep"
+_NESTING = f"nest lists and mappings at most {_MAX_DEPTH} levels deep, counting what aliases repeat"
 
 _INT = "tag:yaml.org,2002:int"
 _BOOL = "tag:yaml.org,2002:bool"
@@ -62,8 +62,8 @@ class _YamlLoader(yaml.SafeLoader):
         if isinstance(node, yaml.ScalarNode):
             return 1, 0
         if node not in self._extents:
-            children = [part for pair in node.value for part in pair] if isinstance(node, yaml.MappingNode) \
-                else node.value
+            pairs = isinstance(node, yaml.MappingNode)
+            children = [part for pair in node.value for part in pair] if pairs else node.value
             extents = [self._extent(child) for child in children]
             self._extents[node] = 1 + sum(size for size, _ in extents), 1 + max((lv for _, lv in extents), default=0)
         return self._extents[node]
@@ -79,7 +79,7 @@ class _YamlLoader(yaml.SafeLoader):
         if isinstance(event, yaml.AliasEvent) and anchor in self.anchors:
             size, levels = self._extent(self.anchors[anchor])
         if self._depth + levels > _MAX_DEPTH:
-            raise self._error(mark, f"nested more than {_MAX_DEPTH} levels (aliases expanded)", _NESTING)
+            raise self._error(mark, f"nested more than {_MAX_DEPTH} levels", _NESTING)
         self._values += size
         if self._values > _MAX_VALUES:
             raise self._error(mark, f"the document expands to more than {_MAX_VALUES:,} values",
@@ -117,7 +117,7 @@ class _YamlLoader(yaml.SafeLoader):
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE:
                 continue
             key, line = self.construct_object(key_node), key_node.start_mark.line + 1
-            if isinstance(key, Hashable) and key in lines:
+            if isinstance(key, Hashable) and key in lines:  # unhashable (`? !!set {}`): yaml reports it
                 raise self._error(key_node.start_mark,
                                   f"key {key_node.value!r} is written twice in one mapping (lines {lines[key]} and "
                                   f"{line}); YAML would silently keep the last", "write each key once")

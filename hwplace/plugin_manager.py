@@ -227,10 +227,10 @@ class PluginManager:
                 continue
             try:
                 opts = self._pm.parse_hookimpl_opts(plugin, attr)
-                function = getattr(plugin, attr) if opts is not None else None
+                function = getattr(plugin, attr)
             except Exception as exc:
                 raise PluginError(f"plugin {name!r}: reading {attr} raised {safe_repr(exc)}") from None
-            if opts is None:
+            if opts is None or not callable(function):
                 continue
             if opts.get("wrapper") or opts.get("hookwrapper"):
                 setattr(proxy, attr, function)  # pluggy validates wrappers itself at registration
@@ -337,7 +337,7 @@ class PluginManager:
         if name not in executors:
             raise PluginError(f"no executor is named {name!r}; registered: {', '.join(executors) or 'none'}"
                               f"{did_you_mean(name, executors)}{self._disabled_hint()}")
-        return executors[name].item  # type: ignore[no-any-return]
+        return executors[name].item
 
     def _disabled_hint(self) -> str:
         return f" (disabled here: HWPLACE_DISABLED_PLUGINS={','.join(sorted(self.disabled))})" if self.disabled else ""

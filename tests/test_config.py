@@ -383,7 +383,7 @@ def test_group_label_required() -> None:
 
 
 def test_group_label_not_a_string() -> None:
-    fails(section(node_groups=[group(label=3)]), "cluster.node_groups[0].label", r"\(got 3\)")
+    fails(section(node_groups=[{**group(), "label": 3}]), "cluster.node_groups[0].label", r"\(got 3\)")
 
 
 @pytest.mark.parametrize("label", ["a,b", "a b", "", "gpu:0"])
@@ -495,7 +495,7 @@ def test_duplicate_ranks_in_list() -> None:
 
 @pytest.mark.parametrize("value", [-1, "-1", "a", "1-", "", "0,,1", [], [True], True, None, 1.0, {"a": 1}, [[0]]])
 def test_parse_node_ranks_rejects(value: Any) -> None:
-    with pytest.raises(ConfigError) as exc:
+    with pytest.raises(ConfigError, match=r"^x\.node_ranks: .*(node rank|names no node|descending)") as exc:
         parse_node_ranks(value, "x.node_ranks", 4)
     assert exc.value.path == "x.node_ranks"
 

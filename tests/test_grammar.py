@@ -29,7 +29,7 @@ def process_resources(text: str, num_resources: int = 16) -> list[list[int]]:
 
 
 def placement_error(text: str, num_resources: int = 16) -> hwplace.PlacementError:
-    with pytest.raises(hwplace.PlacementError) as info:
+    with pytest.raises(hwplace.PlacementError, match=r"^entry '.*' of '.*': ") as info:
         resolve(text, num_resources)
     return info.value
 
@@ -171,7 +171,7 @@ def test_placement_text_rejects_other_values(value: object) -> None:
 
 def test_negative_yaml_integer_is_a_placement_error() -> None:
     text = placement_text(-1)
-    with pytest.raises(hwplace.PlacementError) as info:
+    with pytest.raises(hwplace.PlacementError, match="resource ranks are '-1'") as info:
         parse_placement(text)
     assert info.value.entry == "-1"
 
@@ -180,7 +180,7 @@ def test_negative_yaml_integer_is_a_placement_error() -> None:
 
 
 def parse_error(text: str) -> hwplace.PlacementError:
-    with pytest.raises(hwplace.PlacementError) as info:
+    with pytest.raises(hwplace.PlacementError, match=r"^entry '.*' of '.*': ") as info:
         parse_placement(text)
     return info.value
 

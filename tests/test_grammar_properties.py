@@ -7,6 +7,7 @@ import re
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -235,7 +236,9 @@ def cached_cluster(counts: tuple[int, ...]) -> hwplace.Cluster:
     return _CLUSTERS[counts]
 
 
-def place_or_error(config: dict, cluster: hwplace.Cluster) -> hwplace.ComponentPlacement | hwplace.HwplaceError:
+def place_or_error(
+    config: dict[str, Any], cluster: hwplace.Cluster
+) -> hwplace.ComponentPlacement | hwplace.HwplaceError:
     """The placement, or the PlacementError / ConfigError it raised; any other exception propagates."""
     try:
         return hwplace.ComponentPlacement(config, cluster)
@@ -260,7 +263,8 @@ def test_component_placement_of_random_strings(text: str, counts: list[int], gro
         assert placement.text == text
         assert placement.reason
         return
-    if isinstance(placement, hwplace.ConfigError):
+    if isinstance(placement, hwplace.HwplaceError):
+        assert isinstance(placement, hwplace.ConfigError), placement
         return
     placements = placement.get_placements("actor")
     world = placement.get_world_size("actor")

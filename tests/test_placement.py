@@ -92,7 +92,7 @@ def test_packed_ids_count_over_the_selected_group() -> None:
         ((0, 4), {"stride": 2}),  # 5 ids, blocks of 2
     ],
 )
-def test_packed_rejects_ranges_that_do_not_split_into_blocks(args: tuple[int, int], kwargs: dict[str, int]) -> None:
+def test_packed_rejects_ranges_that_do_not_split_into_blocks(args: tuple[int, int], kwargs: dict[str, Any]) -> None:
     with pytest.raises(hwplace.PlacementError, match="block"):
         hwplace.PackedPlacementStrategy(*args, **kwargs)
 
@@ -106,8 +106,8 @@ def test_packed_rejects_ranges_that_do_not_split_into_blocks(args: tuple[int, in
         {"stride": -1},
     ],
 )
-def test_packed_rejects_non_positive_sizes(kwargs: dict[str, int]) -> None:
-    with pytest.raises(hwplace.PlacementError):
+def test_packed_rejects_non_positive_sizes(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(hwplace.PlacementError, match="must be at least 1"):
         hwplace.PackedPlacementStrategy(0, 7, **kwargs)
 
 
@@ -117,7 +117,7 @@ def test_packed_rejects_negative_start() -> None:
 
 
 def test_packed_rejects_end_below_start() -> None:
-    with pytest.raises(hwplace.PlacementError):
+    with pytest.raises(hwplace.PlacementError, match="end_accelerator_id 1 is below start_accelerator_id 4"):
         hwplace.PackedPlacementStrategy(4, 1)
 
 
@@ -255,7 +255,7 @@ def test_flexible_on_a_node_kind_group_holds_one_node_per_process() -> None:
 
 @pytest.mark.parametrize("lists", [[], [[]], [[0], []], [[-1]], [[True]], [["0"]], "01", [0, 1], [[0.0]]])
 def test_flexible_rejects_malformed_lists(lists: Any) -> None:
-    with pytest.raises(hwplace.PlacementError):
+    with pytest.raises(hwplace.PlacementError, match=r"accelerator_id_lists|accelerator ids|not an accelerator id"):
         hwplace.FlexiblePlacementStrategy(lists)
 
 
@@ -303,13 +303,13 @@ def test_node_strategy_counts_group_after_group() -> None:
 
 def test_node_strategy_index_beyond_the_group_is_an_error() -> None:
     cluster = cluster_of([0, 0, 0], node_groups=[{"label": "tail", "node_ranks": "1-2"}])
-    with pytest.raises(hwplace.PlacementError):
+    with pytest.raises(hwplace.PlacementError, match=r"process 0 asks for resource 2, but there are 2 nodes"):
         hwplace.NodePlacementStrategy([2], node_group="tail").get_placement(cluster)
 
 
 @pytest.mark.parametrize("ranks", [[], [-1], [True], ["0"], "0", [0.0]])
 def test_node_strategy_rejects_malformed_ranks(ranks: Any) -> None:
-    with pytest.raises(hwplace.PlacementError):
+    with pytest.raises(hwplace.PlacementError, match=r"node_ranks must be a non-empty list|is not a node index"):
         hwplace.NodePlacementStrategy(ranks)
 
 
@@ -471,7 +471,7 @@ def test_shared_key_gives_independent_copies(full: tuple[hwplace.ComponentPlacem
     assert placement.get_strategy("actor") is not placement.get_strategy("inference")
     assert all(a is not b for a, b in zip(actor, inference, strict=True))
     with pytest.raises(TypeError, match="read-only"):
-        actor[0].env["FAKE_VISIBLE_DEVICES"] = "changed"  # type: ignore[index]
+        actor[0].env["FAKE_VISIBLE_DEVICES"] = "changed"
     with pytest.raises(AttributeError, match="append"):
         actor[0].visible_accelerators.append(99)  # type: ignore[attr-defined]
     fresh = placement.get_placements("inference")[0]
@@ -555,7 +555,7 @@ def test_mixing_node_kind_group_without_accelerators_is_an_error() -> None:
         "component_placement": {"actor": {"node_group": "gpu,cpu", "placement": "0"}},
     }
     cluster = fake_cluster(section, accelerators_per_node=[0, 2])
-    with pytest.raises(hwplace.PlacementError):
+    with pytest.raises(hwplace.PlacementError, match="cannot be mixed in one node_group list"):
         place(section, cluster)
 
 
@@ -600,7 +600,7 @@ def test_group_with_several_accelerator_types_is_a_config_error() -> None:
     with registered_plugin(OtherPlugin(), name="test-other-plugin"):
         section = {"num_nodes": 2, "component_placement": {"actor": "0-1"}}
         cluster = hwplace.Cluster(section, nodes=two_type_nodes())
-        with pytest.raises(hwplace.ConfigError) as info:
+        with pytest.raises(hwplace.ConfigError, match="accelerators of several types") as info:
             place(section, cluster)
         message = str(info.value)
         assert "fake-accelerator" in message
@@ -664,7 +664,7 @@ def test_process_on_unhealthy_robot_is_an_error() -> None:
         "node_groups": [ROBOT_GROUP],
         "component_placement": {"env": {"node_group": "robot", "placement": "0,1"}},
     }
-    with pytest.raises(hwplace.PlacementError) as info:
+    with pytest.raises(hwplace.PlacementError, match="which is unhealthy") as info:
         place(section, with_detected_robots(section))
     exc = info.value
     assert exc.component == "env"
@@ -699,7 +699,7 @@ def test_healthy_robot_next_to_an_unhealthy_one_is_fine() -> None:
 )
 def test_errors_name_the_component_and_quote_the_entry(text: str, entry: str, why: str) -> None:
     section = {"num_nodes": 2, "component_placement": {"actor": "0-1", "critic": text}}
-    with pytest.raises(hwplace.PlacementError) as info:
+    with pytest.raises(hwplace.PlacementError, match=why) as info:
         place(section, cluster_of([3, 3] if why == "one node" else [4, 4]))
     exc = info.value
     assert exc.component == "critic"
@@ -722,7 +722,7 @@ def test_unknown_component_is_a_config_error_with_suggestion(
 
 def test_more_nodes_in_config_than_in_cluster() -> None:
     section = {"num_nodes": 3, "component_placement": {"actor": "0"}}
-    with pytest.raises(hwplace.ConfigError) as info:
+    with pytest.raises(hwplace.ConfigError, match=r"cluster\.num_nodes: is 3 but the cluster has 2 nodes") as info:
         place(section, fake_cluster(num_nodes=2, accelerators_per_node=1))
     assert info.value.path == "cluster.num_nodes"
     assert "3" in str(info.value)

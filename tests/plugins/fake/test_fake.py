@@ -28,7 +28,7 @@ def test_a_bad_count_is_reported_as_a_broken_backend(monkeypatch) -> None:
     monkeypatch.setenv("HWPLACE_FAKE_ACCELERATORS", "eight")
     detection = PluginManager().detect("fake-accelerator")
     assert detection.devices == ()
-    assert "HWPLACE_FAKE_ACCELERATORS must be an integer from 0 to 4096, got 'eight'" in detection.error
+    assert "HWPLACE_FAKE_ACCELERATORS must be an integer from 0 to 4096, got 'eight'" in str(detection.error)
 
 
 @pytest.mark.parametrize("count", ["4097", "1000000000", "9" * 5000, "٣"])
@@ -36,7 +36,7 @@ def test_an_absurd_count_is_refused_before_anything_is_allocated(monkeypatch, co
     monkeypatch.setenv("HWPLACE_FAKE_ACCELERATORS", count)
     detection = PluginManager().detect("fake-accelerator", timeout=5)
     assert detection.devices == ()
-    assert "must be an integer from 0 to 4096" in detection.error
+    assert "must be an integer from 0 to 4096" in str(detection.error)
     assert detection.seconds < 1
 
 
