@@ -88,57 +88,63 @@ def _unhealthy(rank: int, res: Resource) -> PlacementError:
 def _realise(
     cluster: Cluster, chosen: list[tuple[Resource, tuple[Device, ...]]], per_node: dict[int, int], isolate: bool
 ) -> list[Placement]:
-    envs: dict[tuple[int, str, tuple[int, ...]], FrozenDict[str, str]] = {}
-    node_types: dict[int, list[str]] = {}  # a node's accelerator types, by name
+    # What a process sees depends only on its node, hardware type and own devices: work it out once for each.
+    seen: dict[tuple[int, str, tuple[int, ...]], tuple[int, tuple[int, ...], FrozenDict[str, str]]] = {}
     kinds = {t: cluster.kind(t) for t in {res.hardware_type for res, _ in chosen}}
     next_local: dict[int, int] = {}
     placements = []
     for rank, (res, own) in enumerate(chosen):
         node_rank, hardware_type = res.node_rank, res.hardware_type
-        node = cluster.nodes[node_rank]
-        local = tuple(d.index for d in own)
+        local = (own[0].index,) if len(own) == 1 else tuple(d.index for d in own)
         key = (node_rank, hardware_type, local)
-        env = envs.get(key)
-        if kinds[hardware_type] == "accelerator":
-            first = local[0]
-            shown = own if isolate else node.devices(hardware_type)
-            visible = local if isolate else tuple(d.index for d in shown)
-            if env is None:
-                env = envs[key] = FrozenDict(_isolation_env(cluster, hardware_type, shown))
-        else:
-            first = -1
-            if node_rank not in node_types:
-                node_types[node_rank] = cluster.accelerator_types([node_rank])
-            types = node_types[node_rank]
-            hidden = isolate and kinds[hardware_type] == "device"  # a device process owns no accelerator
-            visible = () if hidden or not types else tuple(d.index for d in node.devices(types[0]))
-            if env is None:
-                own_env = _isolation_env(cluster, hardware_type, own)
-                for other in types if hidden else ():
-                    own_env.update(_isolation_env(cluster, other, ()))
-                env = envs[key] = FrozenDict(own_env)
+        view = seen.get(key)
+        if view is None:
+            view = seen[key] = _view(cluster, node_rank, hardware_type, kinds[hardware_type], own, local, isolate)
         local_rank = next_local.get(node_rank, 0)
         next_local[node_rank] = local_rank + 1
-        placements.append(Placement(rank, node.node_id, node_rank, first, local_rank, per_node[node_rank],
-                                    visible, isolate, local, hardware_type, res.group, env))
+        placements.append(Placement(rank, cluster.nodes[node_rank].node_id, node_rank, view[0], local_rank,
+                                    per_node[node_rank], view[1], isolate, local, hardware_type, res.group, view[2]))
     return placements
+
+
+def _view(
+    cluster: Cluster, node_rank: int, hardware_type: str, kind: str | None, own: tuple[Device, ...],
+    local: tuple[int, ...], isolate: bool,
+) -> tuple[int, tuple[int, ...], FrozenDict[str, str]]:
+    """A process's first own accelerator, the accelerators it sees and its isolation env."""
+    node = cluster.nodes[node_rank]
+    if kind == "accelerator":
+        shown = own if isolate else node.devices(hardware_type)
+        visible = local if isolate else tuple(d.index for d in shown)
+        return local[0], visible, FrozenDict(_isolation_env(cluster, hardware_type, shown))
+    types = cluster.accelerator_types([node_rank])
+    hidden = isolate and kind == "device"  # a device process owns no accelerator
+    visible = () if hidden or not types else tuple(d.index for d in node.devices(types[0]))
+    env = _isolation_env(cluster, hardware_type, own)
+    for other in types if hidden else ():
+        env.update(_isolation_env(cluster, other, ()))
+    return -1, visible, FrozenDict(env)
 
 
 def _isolation_env(cluster: Cluster, hardware_type: str, devices: Sequence[Device]) -> dict[str, str]:
     backend = cluster.backend(hardware_type)
     if backend is None:
         raise PlacementError(f"no hardware backend {hardware_type!r} is registered on this machine")
-    indexes = [d.index for d in devices]
     try:
         env = backend.isolation_env(tuple(devices))
     except Exception as exc:
-        raise PluginError(f"backend {hardware_type!r}: isolation_env(devices {indexes}) raised {safe_repr(exc)}") \
-            from exc
-    if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise PluginError(f"backend {hardware_type!r}: isolation_env(devices {indexes}) returned {safe_repr(env)}, "
-                          "not a dict of strings")
-    bad = [k for k, v in env.items() if not k or "=" in k or "\0" in k or "\0" in v]
-    if bad:
-        raise PluginError(f"backend {hardware_type!r}: isolation_env(devices {indexes}) returned variable "
-                          f"{bad[0]!r}={env[bad[0]]!r}, which no environment can hold")
+        raise PluginError(f"backend {hardware_type!r}: isolation_env(devices {[d.index for d in devices]}) raised "
+                          f"{safe_repr(exc)}") from exc
+    if not isinstance(env, Mapping):
+        raise _bad_env(hardware_type, devices, f"returned {safe_repr(env)}, not a dict of strings")
+    for name, value in env.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise _bad_env(hardware_type, devices, f"returned {safe_repr(env)}, not a dict of strings")
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise _bad_env(hardware_type, devices, f"returned variable {name!r}={value!r}, which no environment "
+                           "can hold")
     return dict(env)
+
+
+def _bad_env(hardware_type: str, devices: Sequence[Device], problem: str) -> PluginError:
+    return PluginError(f"backend {hardware_type!r}: isolation_env(devices {[d.index for d in devices]}) {problem}")

@@ -300,9 +300,9 @@ class PluginManager:
             self._provided[hook] = provided
             return provided
 
-    def backends(self) -> dict[str, BackendInfo]:
-        """Every usable backend by name. Two backends claiming one name raise :class:`PluginError`."""
-        return dict(self._collect("hwplace_hardware_backends", "backends", check_backend))
+    def backends(self) -> Mapping[str, BackendInfo]:
+        """Every usable backend by name (read-only). Two backends claiming one name raise :class:`PluginError`."""
+        return types.MappingProxyType(self._collect("hwplace_hardware_backends", "backends", check_backend))
 
     def backend(self, name: str) -> BackendInfo:
         """The backend called ``name``; :class:`PluginError` naming the registered ones when there is none."""
@@ -327,9 +327,9 @@ class PluginManager:
                 f"one is the 'node' plugin{self._disabled_hint()}")
         return found[0]
 
-    def executors(self) -> dict[str, Provided[Executor]]:
-        """Every usable executor by name."""
-        return dict(self._collect("hwplace_executors", "executors", check_executor))
+    def executors(self) -> Mapping[str, Provided[Executor]]:
+        """Every usable executor by name (read-only)."""
+        return types.MappingProxyType(self._collect("hwplace_executors", "executors", check_executor))
 
     def executor(self, name: str) -> Executor:
         """The executor called ``name``; :class:`PluginError` naming the registered ones when there is none."""
