@@ -19,5 +19,5 @@ def test_reports_this_node() -> None:
 
 
 def test_asks_for_no_isolation() -> None:
-    assert PlainNode().isolation_env([0]) == {}
+    assert PlainNode().isolation_env([PlainNode().detect([])[0]]) == {}
     assert (PlainNode.name, PlainNode.kind) == ("node", "node")
