@@ -77,7 +77,7 @@ class PlacementError(HwplaceError, ValueError):
         if self.component is not None:
             where.append(f"component {self.component!r}")
         if self.entry is not None:
-            where.append(f"entry {self.entry!r} of {self.text!r}")
+            where.append(f"entry {_short_repr(self.entry)} of {_short_repr(self.text)}")
         return f"{', '.join(where)}: {self.reason}" if where else self.reason
 
     def located(self, component: str, text: str, span: tuple[int, int] | None) -> PlacementError:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from hwplace.errors import PlacementError
 
 MAX_PROCESSES = 1_000_000
+MAX_DIGITS = 18  # no rank is longer; bounds the cost of converting what a user typed
 _RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
 _WHITESPACE = re.compile(r"\s+")
 
@@ -75,6 +76,9 @@ def parse_range(part: str) -> tuple[int, int] | None:
     match = _RANGE.match(_WHITESPACE.sub("", part))
     if match is None:
         return None
+    for digits in match.groups(default=""):
+        if len(digits) > MAX_DIGITS:
+            raise ValueError(f"{digits[:8]}... has {len(digits)} digits; a rank has at most {MAX_DIGITS}")
     first = int(match.group(1))
     last = int(match.group(2)) if match.group(2) is not None else first
     if last < first:
@@ -117,7 +121,7 @@ def _parse_part(
     part: str, what: str, fail: Callable[[str], PlacementError], *, allow_all: bool
 ) -> tuple[int, int] | None:
     compact = _WHITESPACE.sub("", part)
-    if compact == "all":
+    if compact.lower() == "all":
         if allow_all:
             return None
         raise fail(f"{what} cannot be 'all'; give a range such as 0-7")
@@ -149,7 +153,7 @@ def resolve_placement(text: str, entries: list[Entry], num_resources: int, resou
             raise fail(f"there are no resources to place on: {resources}")
         first, last = entry.resources if entry.resources is not None else (0, num_resources - 1)
         if last >= num_resources:
-            raise fail(f"resource rank {last} does not exist: there are {resources}, ranks 0-{num_resources - 1}")
+            raise fail(f"resource rank {last} does not exist: {resources} (ranks 0-{num_resources - 1})")
         if previous is not None and first <= previous.last_resource:
             raise fail(
                 f"resources {first}-{last} overlap or precede the previous entry's "

@@ -76,7 +76,7 @@ def _own_resources(rank: int, ids: Sequence[int], space: ResourceSpace) -> tuple
 
 def _beyond(rank: int, index: int, space: ResourceSpace) -> PlacementError:
     ranks = f" (ranks 0-{len(space) - 1})" if len(space) else ""
-    return PlacementError(f"process {rank} asks for resource {index}, but there are {space.description}{ranks}",
+    return PlacementError(f"process {rank} asks for resource {index}, but {space.description}{ranks}",
                           rank=rank)
 
 

@@ -98,6 +98,11 @@ def resource_space(cluster: Cluster, groups: Sequence[NodeGroup], *, nodes_only:
     resources: list[Resource] = []
     kinds: dict[str, str] = {}
     owner: dict[tuple[int, str, int], str] = {}
+    labels = [g.label for g in groups]
+    twice = [label for i, label in enumerate(labels) if label in labels[:i]]
+    if twice:
+        raise PlacementError(f"group {twice[0]!r} is listed twice in one node_group list; it would book its "
+                             "resources twice")
     for group in groups:
         hardware_type = _node_type(cluster) if nodes_only else group_resource_type(cluster, group)
         kinds[group.label] = hardware_type
@@ -128,7 +133,7 @@ def _describe(
     types = sorted(set(kinds.values()))
     node_kind = all(cluster.kind(t) == "node" for t in types)
     what = plural(count, "node") if node_kind else plural(count, f"{'/'.join(types)} resource")
-    text = f"{what} in group{'s' if len(groups) > 1 else ''} {labels}"
+    text = f"group {labels} has {what}" if len(groups) == 1 else f"groups {labels} have {what}"
     unmarked = [g for g in groups if g.hardware is None and not g.ignore_hardware]
     if node_kind and unmarked and not nodes_only:
         text += (f" (no accelerator was detected on {'its' if len(groups) == 1 else 'their'} nodes, so "

@@ -102,8 +102,7 @@ class PackedPlacementStrategy(PlacementStrategy):
         resources = space.resources
         if self.end >= len(resources):  # checked before building anything: end may be absurdly large
             ranks = f", ranks 0-{len(resources) - 1}" if resources else ""
-            raise PlacementError(f"end_accelerator_id {self.end} does not exist: there are "
-                                 f"{space.description}{ranks}")
+            raise PlacementError(f"end_accelerator_id {self.end} does not exist: {space.description}{ranks}")
         lists: list[list[int]] = []
         block = self.num_per_process * self.stride
         for block_start in range(self.start, self.end + 1, block):

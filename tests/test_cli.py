@@ -10,6 +10,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hwplace
 from hwplace.cli import main, parse_nodes
@@ -293,7 +295,7 @@ def test_no_accelerator_here_says_so_and_suggests_nodes(tmp_path, monkeypatch, f
     """)
     code, _, err = run("plan", config)
     assert code == 2
-    assert "there are 1 node in group 'cluster' (no accelerator was detected on its nodes" in err
+    assert "group 'cluster' has 1 node (no accelerator was detected on its nodes" in err
     assert "1 nodes" not in err
     assert "--nodes 2x8" in err
 
@@ -321,3 +323,13 @@ def test_hardware_says_which_nodes_declarations_it_checked(monkeypatch) -> None:
     assert report["node_rank"] == 1
     robots = next(b for b in report["backends"] if b["name"] == "fake-robot")
     assert [d["properties"]["name"] for d in robots["devices"]] == ["arm-0"]
+
+
+@given(spec=st.text(alphabet="0123456789x:,- abcz\0\n", max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_any_nodes_text_plans_or_exits_2_naming_the_option(spec: str) -> None:
+    code, _, err = run("plan", str(QUICKSTART), f"--nodes={spec}")
+    assert code in (0, 2)
+    if code == 2:
+        assert err.startswith("hwplace: error: "), err
+        assert "Traceback" not in err

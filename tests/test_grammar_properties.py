@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -309,3 +310,22 @@ def test_component_placement_of_valid_strings_matches_the_grammar(generated: Gen
     assert isinstance(placement, hwplace.ComponentPlacement), placement
     got = [(p.node_rank, list(p.local_hardware_ranks)) for p in placement.get_placements("actor")]
     assert got == [(ids[0] // 8, [i % 8 for i in ids]) for ids in generated.expected]
+
+
+# -- hostile sizes: long numbers and every spelling of 'all' ------------------------------------------
+
+
+@given(digits=st.integers(min_value=19, max_value=20_000), where=st.sampled_from(["{n}", "0-{n}", "0:{n}", "{n}-{n}"]))
+@settings(max_examples=40, deadline=None)
+def test_numbers_too_long_for_a_rank_are_a_placement_error(digits: int, where: str) -> None:
+    text = where.format(n="7" * digits)
+    with pytest.raises(hwplace.PlacementError, match=f"has {digits} digits; a rank has at most 18") as info:
+        parse_placement(text)
+    assert "set_int_max_str_digits" not in str(info.value)
+    assert len(str(info.value)) < 1000
+
+
+@given(spelling=st.sampled_from(["all", "ALL", "All", "aLl", " a l L "]))
+@settings(max_examples=10, deadline=None)
+def test_all_in_any_letter_case(spelling: str) -> None:
+    assert [(e.resources, e.processes) for e in parse_placement(spelling)] == [(None, None)]

@@ -303,7 +303,7 @@ def test_node_strategy_counts_group_after_group() -> None:
 
 def test_node_strategy_index_beyond_the_group_is_an_error() -> None:
     cluster = cluster_of([0, 0, 0], node_groups=[{"label": "tail", "node_ranks": "1-2"}])
-    with pytest.raises(hwplace.PlacementError, match=r"process 0 asks for resource 2, but there are 2 nodes"):
+    with pytest.raises(hwplace.PlacementError, match=r"process 0 asks for resource 2, but group 'tail' has 2 nodes"):
         hwplace.NodePlacementStrategy([2], node_group="tail").get_placement(cluster)
 
 
