@@ -47,9 +47,8 @@ class _YamlLoader(yaml.SafeLoader):
         stream = io.StringIO(text)
         stream.name = name  # yaml names the file in its messages
         super().__init__(stream)
-        self._depth = 0  # collections open around the next node
         self._values = 0  # values composed so far, an alias counting as all it repeats
-        self._open: set[str | None] = set()  # anchors of the collections being composed
+        self._open: list[str | None] = []  # anchors of the collections being composed, innermost last
         self._extents: dict[yaml.Node, tuple[int, int]] = {}
         self._checked: set[yaml.MappingNode] = set()  # mappings whose keys were checked for duplicates
 
@@ -78,7 +77,7 @@ class _YamlLoader(yaml.SafeLoader):
                               "an alias may only repeat a value that is complete")
         if isinstance(event, yaml.AliasEvent) and anchor in self.anchors:
             size, levels = self._extent(self.anchors[anchor])
-        if self._depth + levels > _MAX_DEPTH:
+        if len(self._open) + levels > _MAX_DEPTH:
             raise self._error(mark, f"nested more than {_MAX_DEPTH} levels", _NESTING)
         self._values += size
         if self._values > _MAX_VALUES:
@@ -86,13 +85,11 @@ class _YamlLoader(yaml.SafeLoader):
                               "an alias counts as every value it repeats")
         if not collection:
             return super().compose_node(parent, index)
-        self._depth += 1
-        self._open.add(anchor)
+        self._open.append(anchor)
         try:
             return super().compose_node(parent, index)
         finally:
-            self._depth -= 1
-            self._open.discard(anchor)
+            self._open.pop()
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
         if not isinstance(node, yaml.ScalarNode):
@@ -117,14 +114,16 @@ class _YamlLoader(yaml.SafeLoader):
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE:
                 continue
             key, line = self.construct_object(key_node), key_node.start_mark.line + 1
-            if isinstance(key, Hashable) and key in lines:  # unhashable (`? !!set {}`): yaml reports it
+            if not isinstance(key, Hashable):  # `? !!set x`: yaml reports the unhashable key
+                continue
+            if key in lines:
                 raise self._error(key_node.start_mark,
                                   f"key {key_node.value!r} is written twice in one mapping (lines {lines[key]} and "
                                   f"{line}); YAML would silently keep the last", "write each key once")
             lines[key] = line
 
     def _construct_int(self, node: yaml.ScalarNode) -> int:
-        digits = len(re.sub(r"^[-+]?0[box]|[-+_:]", "", node.value))
+        digits = len(re.sub(r"^[-+]?0[box]|[-+_:]", "", self.construct_scalar(node)))  # `!!int {}` fails here
         if digits > _MAX_INT_DIGITS:
             raise self._error(node.start_mark, f"integer with {digits} digits is too large",
                               f"an integer has at most {_MAX_INT_DIGITS} digits")
@@ -158,14 +157,14 @@ def _load_file(name: str) -> dict[str, Any]:
                               f"(line {line}) {exc.reason}", allowed="save the file as UTF-8") from None
     try:
         loader = _YamlLoader(text, name)  # already reads the start, and checks its characters
-        node = loader.get_single_node()
+        node = loader.get_single_node() if text.strip() else None  # yaml refuses a tab outside a scalar
         loaded = None if node is None else loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise ConfigError("", f"{name} is not valid YAML: {exc}") from None
     except RecursionError:  # only where the caller's own stack is already deep
         raise ConfigError("", f"{name} is nested too deeply to read", allowed=_NESTING) from None
     if node is None:
-        raise ConfigError("", f"{name} is empty (or only comments); it must hold a mapping at the top level")
+        raise ConfigError("", f"{name} is empty; it must hold a mapping at the top level")
     if not isinstance(loaded, dict):
         raise ConfigError("", f"{name} must hold a mapping at the top level", value=type(loaded).__name__)
     return loaded
