@@ -306,11 +306,7 @@ class PluginManager:
 
     def backend(self, name: str) -> BackendInfo:
         """The backend called ``name``; :class:`PluginError` naming the registered ones when there is none."""
-        backends = self.backends()
-        if name not in backends:
-            raise PluginError(f"no hardware backend is named {name!r}; registered: "
-                              f"{', '.join(backends) or 'none'}{did_you_mean(name, backends)}")
-        return backends[name]
+        return _named(self.backends(), name, "hardware backend")
 
     def backends_of_kind(self, kind: str) -> list[BackendInfo]:
         """The backends of one kind (``"accelerator"``, ``"device"`` or ``"node"``), in registration order."""
@@ -333,11 +329,7 @@ class PluginManager:
 
     def executor(self, name: str) -> Executor:
         """The executor called ``name``; :class:`PluginError` naming the registered ones when there is none."""
-        executors = self.executors()
-        if name not in executors:
-            raise PluginError(f"no executor is named {name!r}; registered: {', '.join(executors) or 'none'}"
-                              f"{did_you_mean(name, executors)}{self._disabled_hint()}")
-        return executors[name].item
+        return _named(self.executors(), name, "executor", self._disabled_hint()).item
 
     def _disabled_hint(self) -> str:
         return f" (disabled here: HWPLACE_DISABLED_PLUGINS={','.join(sorted(self.disabled))})" if self.disabled else ""
@@ -400,6 +392,17 @@ class PluginManager:
     def _trace(self, message: str) -> None:
         if self.tracing:
             print(f"hwplace trace: {message}", file=sys.stderr, flush=True)
+
+
+P = TypeVar("P", bound=Provided[Any])
+
+
+def _named(provided: Mapping[str, P], name: str, noun: str, hint: str = "") -> P:
+    """``provided[name]``, or a :class:`PluginError` naming what is registered."""
+    if name not in provided:
+        raise PluginError(f"no {noun} is named {name!r}; registered: {', '.join(provided) or 'none'}"
+                          f"{did_you_mean(name, provided)}{hint}")
+    return provided[name]
 
 
 def _checked(name: str, kind: str, devices: Any, configs: Sequence[Mapping[str, Any]], seconds: float) -> Detection:
