@@ -57,6 +57,9 @@ def _own_resources(rank: int, ids: Sequence[int], space: ResourceSpace) -> tuple
     bad = [i for i in ids if i >= len(space.resources)]
     if bad:
         raise _beyond(rank, bad[0], space)
+    if space.is_node_kind:
+        raise PlacementError(f"process {rank} would hold {len(ids)} nodes; a process holds exactly one node",
+                             rank=rank)
     own = [space.resources[i] for i in ids]
     first = own[0]
     for res in own:
@@ -68,9 +71,6 @@ def _own_resources(rank: int, ids: Sequence[int], space: ResourceSpace) -> tuple
                                  f"{res.hardware_type}; a process's resources are of one type", rank=rank)
         if not res.device.healthy:
             raise _unhealthy(rank, res)
-    if space.is_node_kind:
-        raise PlacementError(f"process {rank} would hold {len(own)} nodes; a process holds exactly one node",
-                             rank=rank)
     return first, tuple(sorted((r.device for r in own), key=lambda d: d.index))
 
 
@@ -132,7 +132,7 @@ def _isolation_env(cluster: Cluster, hardware_type: str, devices: Sequence[Devic
         raise PlacementError(f"no hardware backend {hardware_type!r} is registered on this machine")
     try:
         env = backend.isolation_env(tuple(devices))
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a broken backend is reported, however it breaks
         raise PluginError(f"backend {hardware_type!r}: isolation_env(devices {[d.index for d in devices]}) raised "
                           f"{safe_repr(exc)}") from exc
     if not isinstance(env, Mapping):

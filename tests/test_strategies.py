@@ -521,6 +521,17 @@ def test_a_process_may_not_mix_hardware_types() -> None:
         hwplace.FlexiblePlacementStrategy([[1, 2]], node_group="gpu,arm").get_placement(cluster)
 
 
+def test_a_node_kind_process_holds_exactly_one_node() -> None:
+    cluster = cluster_of([0, 0, 0])
+    for group in ("node", "cluster"):  # without accelerators the reserved group 'cluster' is of node kind too
+        with pytest.raises(hwplace.PlacementError, match=r"^process 1 would hold 2 nodes; a process holds exactly one "
+                                                         r"node$") as info:
+            hwplace.FlexiblePlacementStrategy([[0], [1, 2]], node_group=group).get_placement(cluster)
+        assert info.value.rank == 1
+    placements = hwplace.FlexiblePlacementStrategy([[2], [2], [0]], node_group="node").get_placement(cluster)
+    assert [(p.node_rank, p.local_rank, p.local_world_size) for p in placements] == [(2, 0, 2), (2, 1, 2), (0, 0, 1)]
+
+
 # -- isolation_env: what backends receive and what they may return -----------------------------------
 
 
@@ -630,6 +641,12 @@ def test_a_raising_isolation_env_keeps_its_cause() -> None:
     with pytest.raises(hwplace.PluginError, match="driver gone") as info:
         with_recording(raising(cause), lambda c: hwplace.PackedPlacementStrategy(0, 0).get_placement(c))
     assert info.value.__cause__ is cause
+
+
+def test_an_isolation_env_that_exits_is_a_plugin_error() -> None:
+    with pytest.raises(hwplace.PluginError, match=r"^backend 'test-recording': isolation_env\(devices \[0\]\) raised "
+                                                  r"SystemExit\(3\)$"):
+        with_recording(raising(SystemExit(3)), lambda c: hwplace.PackedPlacementStrategy(0, 0).get_placement(c))
 
 
 def test_a_broken_isolation_env_through_component_placement() -> None:
