@@ -323,13 +323,24 @@ def test_a_group_listed_twice_is_not_booked_twice() -> None:
     group = cluster.config.group("a")
     selections: list[GroupSelection] = [["a", "a"], "a, a", [group, "a"], [group, group]]
     for selection in selections:
-        with pytest.raises(hwplace.PlacementError, match=r"group 'a' is listed twice in one node_group list"):
+        with pytest.raises(hwplace.PlacementError, match=r"^group 'a' is listed twice in one node_group list; it "
+                                                         r"would book its resources twice$"):
             hwplace.PackedPlacementStrategy(0, 7, node_group=selection).get_placement(cluster)
     with pytest.raises(hwplace.PlacementError, match=r"group 'node' is listed twice"):
         hwplace.NodePlacementStrategy([0], node_group="node,node").get_placement(cluster)
 
 
 # -- node kind and hardware kind may not be mixed ----------------------------------------------------
+
+
+def test_the_mixing_error_lists_every_group_of_each_kind() -> None:
+    section = {"num_nodes": 3, "node_groups": [robots("arm", (0, "x")), {"label": "gpu", "node_ranks": 0},
+                                               {"label": "cpu", "node_ranks": 1},
+                                               {"label": "plain", "node_ranks": 2, "ignore_hardware": True}]}
+    cluster = fake_cluster(section, accelerators_per_node=[2, 0, 2])
+    with pytest.raises(hwplace.PlacementError, match=r"^node groups of node kind \(cpu, plain\) and of hardware kind "
+                       r"\(gpu \(fake-accelerator\), arm \(fake-robot\)\) cannot be mixed in one node_group list$"):
+        hwplace.FlexiblePlacementStrategy([[0]], node_group=["gpu", "cpu", "arm", "plain"]).get_placement(cluster)
 
 
 def test_node_kind_and_hardware_kind_groups_are_not_mixed() -> None:
@@ -528,3 +539,43 @@ def test_one_robot_is_one_resource_in_messages() -> None:
                                                      r"resource\b(?!s)") as info:
         hwplace.PackedPlacementStrategy(0, 1, node_group="left").get_placement(cluster)
     assert "1 fake-robot resources" not in str(info.value)
+
+
+# -- several accelerator types on one group ------------------------------------------------------------
+
+
+class Other(hwplace.HardwareBackend):
+    name = "test-other"
+    kind = "accelerator"
+
+    def detect(self, configs: Sequence[Mapping[str, Any]]) -> list[hwplace.Device]:
+        return []
+
+
+class OtherPlugin:
+    @hwplace.hookimpl
+    def hwplace_hardware_backends(self) -> list[hwplace.HardwareBackend]:
+        return [Other()]
+
+
+@pytest.mark.parametrize(
+    ("group", "message"),
+    [
+        ("cluster", "cluster.node_groups: the nodes of group 'cluster' have accelerators of several types: "
+                    "fake-accelerator, test-other; define a node group whose hardware.type names the one to use"),
+        ("gpus", "cluster.node_groups[0].hardware.type: the nodes of group 'gpus' have accelerators of several types: "
+                 "fake-accelerator, test-other; name the one to use in hardware.type"),
+    ],
+)
+def test_a_group_with_several_accelerator_types_must_name_one(group: str, message: str) -> None:
+    manager = PluginManager()
+    with registered_plugin(OtherPlugin(), name="test-other-plugin", plugin_manager=manager):
+        section = {"num_nodes": 2, "node_groups": [{"label": "gpus", "node_ranks": "all"},
+                                                   {"label": "picked", "node_ranks": "all",
+                                                    "hardware": {"type": "test-other"}}]}
+        cluster = fake_cluster(section, accelerators_per_node=2, accelerator_type=["test-other", "fake-accelerator"],
+                               plugin_manager=manager)
+        with pytest.raises(hwplace.ConfigError, match=r"several types") as info:
+            hwplace.PackedPlacementStrategy(0, 0, node_group=group).get_placement(cluster)
+        assert str(info.value) == message
+        assert space_of(cluster, "picked") == [(0, "test-other", "picked", 0), (0, "test-other", "picked", 1)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -112,7 +113,7 @@ def test_packed_counts_must_be_integers(position: int, value: Any) -> None:
     args: list[Any] = [0, 3, 1, 1]
     args[position] = value
     name = ("start_accelerator_id", "end_accelerator_id", "num_accelerators_per_process", "stride")[position]
-    with pytest.raises(hwplace.PlacementError, match=rf"^{name} must be an integer, got "):
+    with pytest.raises(hwplace.PlacementError, match=rf"^{name} must be an integer, got {re.escape(repr(value))}$"):
         hwplace.PackedPlacementStrategy(*args)
 
 
@@ -450,6 +451,44 @@ def test_component_strategy_is_built_once_and_reproduces_the_placements() -> Non
     assert isinstance(agent, hwplace.NodePlacementStrategy)
     assert agent.node_ranks == (0, 0, 1, 1)
     assert agent.get_placement(cluster) == placement.get_placements("agent")
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("0,,1", "empty entry; entries are 'resource_ranks[:process_ranks]' separated by single commas"),
+        ("0:1:2", "more than one ':'; an entry is 'resource_ranks[:process_ranks]'"),
+        ("x", "resource ranks are 'x'; allowed: 'a', 'a-b' or 'all' with non-negative integers"),
+        (":0", "resource ranks are nothing; allowed: 'a', 'a-b' or 'all' with non-negative integers"),
+        ("0:x", "process ranks are 'x'; allowed: 'a' or 'a-b' with non-negative integers"),
+        ("0: ", "process ranks are nothing; allowed: 'a' or 'a-b' with non-negative integers"),
+        ("0:ALL", "process ranks cannot be 'all'; give a range such as 0-7"),
+        ("3-1", "resource ranks: range 3-1 is descending; write 1-3"),
+        ("0:3-1", "process ranks: range 3-1 is descending; write 1-3"),
+        ("1234567890123456789", "resource ranks: 12345678... has 19 digits; a rank has at most 18"),
+        ("0:0-1234567890123456789", "process ranks: 12345678... has 19 digits; a rank has at most 18"),
+        ("0-1,1-2", "resources 1-2 overlap or precede the previous entry's 0-1; entries must be in ascending "
+                    "resource order and may not overlap"),
+        ("0:1", "process ranks start at 1 but must continue at 0: a component's processes are 0..N-1, each exactly "
+                "once, in ascending entry order"),
+        ("0-2:0-1", "3 resources and 2 processes: one count must divide the other (several resources per process, "
+                    "or several processes per resource)"),
+        ("0:0-1000000", "process rank 1000000 is too large; a component has at most 1000000 processes"),
+    ],
+)
+def test_placement_string_errors_word_for_word(text: str, reason: str) -> None:
+    section = {"num_nodes": 1, "component_placement": {"actor": text}}
+    with pytest.raises(hwplace.PlacementError, match=r"^component 'actor', entry ") as info:
+        hwplace.ComponentPlacement({"cluster": section}, cluster_of([4]))
+    assert info.value.reason == reason
+    assert info.value.component == "actor"
+
+
+def test_an_eighteen_digit_rank_is_a_rank() -> None:
+    section = {"num_nodes": 1, "component_placement": {"actor": "123456789012345678"}}
+    with pytest.raises(hwplace.PlacementError, match=r"resource rank 123456789012345678 does not exist: .*\(ranks "
+                                                     r"0-3\)$"):
+        hwplace.ComponentPlacement({"cluster": section}, cluster_of([4]))
 
 
 # -- the rules on each process (hwplace.placement) ---------------------------------------------------
