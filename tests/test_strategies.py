@@ -237,6 +237,15 @@ def test_flexible_with_an_absurd_id_fails_naming_it() -> None:
     assert info.value.rank == 1
 
 
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=3), max_size=3), st.integers(min_value=4, max_value=10**30))
+def test_flexible_with_any_absurd_id_is_a_placement_error(ids: list[int], absurd: int) -> None:
+    lists = [[i] for i in ids] + [[absurd, 0]]
+    with pytest.raises(hwplace.PlacementError, match=rf"^process {len(ids)} asks for resource {absurd}, but ") as info:
+        hwplace.FlexiblePlacementStrategy(lists).get_placement(cluster_of([4]))
+    assert info.value.rank == len(ids)
+
+
 def test_flexible_id_just_beyond_the_group() -> None:
     with pytest.raises(hwplace.PlacementError, match=r"^process 0 asks for resource 4, "):
         hwplace.FlexiblePlacementStrategy([[4]]).get_placement(cluster_of([4]))
@@ -435,6 +444,16 @@ def test_component_names_must_be_strings(name: Any) -> None:
         with pytest.raises(hwplace.ConfigError, match=r"^cluster\.component_placement: has no component .*; "
                                                       r"components: actor"):
             ask(name)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.one_of(st.integers(), st.floats(allow_nan=False), st.none(), st.binary(), st.lists(st.text(), max_size=2),
+                 st.tuples(st.text())))
+def test_any_non_string_component_name_is_a_config_error(name: Any) -> None:
+    section = {"num_nodes": 1, "component_placement": {"actor": "0"}}
+    placement = hwplace.ComponentPlacement({"cluster": section}, cluster_of([1]))
+    with pytest.raises(hwplace.ConfigError, match=r"^cluster\.component_placement: has no component "):
+        placement.get_strategy(name)
 
 
 def test_component_strategy_is_built_once_and_reproduces_the_placements() -> None:
