@@ -91,8 +91,10 @@ def _realise(
     # What a process sees depends only on its node, hardware type and own devices: work it out once for each.
     seen: dict[tuple[int, str, tuple[int, ...]], tuple[int, tuple[int, ...], FrozenDict[str, str]]] = {}
     kinds = {t: cluster.kind(t) for t in {res.hardware_type for res, _ in chosen}}
+    node_ids = [node.node_id for node in cluster.nodes]
     next_local: dict[int, int] = {}
-    placements = []
+    placements: list[Placement] = []
+    append = placements.append
     for rank, (res, own) in enumerate(chosen):
         node_rank, hardware_type = res.node_rank, res.hardware_type
         local = (own[0].index,) if len(own) == 1 else tuple(d.index for d in own)
@@ -102,8 +104,8 @@ def _realise(
             view = seen[key] = _view(cluster, node_rank, hardware_type, kinds[hardware_type], own, local, isolate)
         local_rank = next_local.get(node_rank, 0)
         next_local[node_rank] = local_rank + 1
-        placements.append(Placement(rank, cluster.nodes[node_rank].node_id, node_rank, view[0], local_rank,
-                                    per_node[node_rank], view[1], isolate, local, hardware_type, res.group, view[2]))
+        append(Placement(rank, node_ids[node_rank], node_rank, view[0], local_rank, per_node[node_rank], view[1],
+                         isolate, local, hardware_type, res.group, view[2]))
     return placements
 
 
