@@ -139,7 +139,8 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(args.config)
     section = cluster_section(config)
     if args.nodes is not None:
-        counts, types = parse_nodes(args.nodes)
+        # argparse turns the value '--' into an empty list: take it as the text it was
+        counts, types = parse_nodes(args.nodes if isinstance(args.nodes, str) else "--")
         cluster = fake_cluster(section, num_nodes=len(counts), accelerators_per_node=counts, accelerator_type=types)
     else:
         cluster = Cluster.this_machine(section)

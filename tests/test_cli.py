@@ -202,9 +202,9 @@ def test_absurd_nodes_inventory_is_refused_at_once(spec) -> None:
     assert err.startswith("hwplace: error: --nodes: ") or "accelerators_per_node" in err, err
 
 
-@pytest.mark.parametrize("spec", ["4by8", "0x8", "", "x8"])
+@pytest.mark.parametrize("spec", ["4by8", "0x8", "", "x8", "--", "-"])
 def test_bad_nodes_inventory_exits_2(spec) -> None:
-    code, _, err = run("plan", str(QUICKSTART), "--nodes", spec)
+    code, _, err = run("plan", str(QUICKSTART), f"--nodes={spec}")
     assert code == 2
     assert "--nodes" in err
 
