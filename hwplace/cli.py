@@ -131,10 +131,6 @@ def _show_error(error: HwplaceError, err: TextIO) -> None:
         err.write(" " * (len(prefix) + start - offset) + "^" * width + "\n")
 
 
-def _json_default(value: object) -> str:
-    return safe_repr(value)
-
-
 def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = load_config(args.config)
     section = cluster_section(config)
@@ -154,7 +150,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                       "inventory instead, such as --nodes 2x8 or --nodes 2x8:cuda\n")
         raise
     if args.json:
-        json.dump(_plan_json(plan), out, indent=2, default=_json_default)
+        json.dump(_plan_json(plan), out, indent=2, default=safe_repr)
         out.write("\n")
     else:
         _print_plan(plan, out)
@@ -200,7 +196,7 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                          for b in backends.values()],
             "problems": [f"{what}: {why}" for what, why in problems.items()],
             "notes": notes,
-        }, out, indent=2, default=_json_default)
+        }, out, indent=2, default=safe_repr)
         out.write("\n")
         return 0
     rows = [["backend", "kind", "plugin", "distribution", "devices here"]]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from hwplace.errors import ConfigError
 from hwplace.frozen import FrozenDict, freeze
 from hwplace.grammar import parse_range
+from hwplace.hardware import PLUGIN_NAME
 from hwplace.loading import to_plain
 from hwplace.wording import did_you_mean, safe_repr
 
@@ -26,7 +27,6 @@ DEFAULT_EXECUTOR = "ray"
 MAX_NODES = 100_000  # far beyond any cluster; bounds what a typo such as num_nodes: 10000000000 can cost
 _LABEL = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_EXECUTOR = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 _CLUSTER_KEYS = ("num_nodes", "address", "executor", "node_groups", "component_placement")
 _GROUP_KEYS = ("label", "node_ranks", "env_configs", "hardware", "ignore_hardware")
@@ -114,10 +114,7 @@ class ClusterConfig:
     executor: str = DEFAULT_EXECUTOR
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_nodes, bool) or not isinstance(self.num_nodes, int) or \
-                not 1 <= self.num_nodes <= MAX_NODES:
-            raise ConfigError("cluster.num_nodes", f"must be an integer from 1 to {MAX_NODES}",
-                              value=self.num_nodes)
+        check_num_nodes(self.num_nodes)
         for group in self.node_groups:
             beyond = [rank for rank in group.node_ranks if rank >= self.num_nodes]
             if beyond:
@@ -155,6 +152,7 @@ class ClusterConfig:
         Devices of one type on one node are detected in declaration order, group after group; a group
         owns exactly the ones its own ``hardware.configs`` declare.
         """
+        target = self.group(label).hardware
         start = 0
         for group in self.node_groups:
             if group.hardware is None:
@@ -162,14 +160,13 @@ class ClusterConfig:
             count = sum(1 for config in group.hardware.configs if config["node_rank"] == node_rank)
             if group.label == label:
                 return range(start, start + count)
-            target = self.group(label).hardware
             if target is not None and group.hardware.type == target.type:
                 start += count
         return range(0)
 
     def device_declarations(self) -> tuple[tuple[str, HardwareConfig], ...]:
         """Every group that declares devices, with its declaration: what a Cluster detects."""
-        return tuple((g.label, g.hardware) for g in self.node_groups if g.hardware is not None and g.declares_devices)
+        return tuple((g.label, g.hardware) for g in self.node_groups if g.hardware is not None and g.hardware.configs)
 
 
 # -- the cluster section ------------------------------------------------------------------------
@@ -184,8 +181,6 @@ def cluster_section(config: Mapping[str, Any]) -> Any:
         raise ConfigError("cluster", f"the config has no 'cluster' section{hint}",
                           allowed=f"top-level keys found: {', '.join(map(str, config)) or 'none'}")
     return config["cluster"]
-
-
 
 
 # -- validation -------------------------------------------------------------------------------------
@@ -211,6 +206,14 @@ def _int(value: Any, path: str, *, minimum: int = 0) -> int:
         raise ConfigError(path, f"must be at least {minimum}", value=value)
     return value
 
+
+def check_num_nodes(value: Any) -> int:
+    """``num_nodes``: an integer from 1 to :data:`MAX_NODES`."""
+    num_nodes = _int(value, "cluster.num_nodes", minimum=1)
+    if num_nodes > MAX_NODES:
+        raise ConfigError("cluster.num_nodes", f"is more than {MAX_NODES} nodes", value=num_nodes,
+                          allowed=f"1 to {MAX_NODES}")
+    return num_nodes
 
 
 def _text(value: Any, path: str, what: str) -> str:
@@ -263,7 +266,6 @@ def parse_node_ranks(value: Any, path: str, num_nodes: int) -> tuple[int, ...]:
     if duplicates:
         raise ConfigError(path, f"node rank(s) {duplicates} appear more than once", value=value)
     return tuple(sorted(ranks))
-
 
 
 def _env_value(raw: Any, where: str) -> str:
@@ -502,15 +504,12 @@ def parse_cluster_config(section: Any, *, plugin_manager: PluginManager | None =
     _check_keys(raw, _CLUSTER_KEYS, "cluster")
     if "num_nodes" not in raw:
         raise ConfigError("cluster.num_nodes", "is required: the number of nodes the job uses")
-    num_nodes = _int(raw["num_nodes"], "cluster.num_nodes", minimum=1)
-    if num_nodes > MAX_NODES:
-        raise ConfigError("cluster.num_nodes", f"is more than {MAX_NODES} nodes", value=num_nodes,
-                          allowed=f"1 to {MAX_NODES}")
+    num_nodes = check_num_nodes(raw["num_nodes"])
     address = raw.get("address")
     if address is not None:
         address = _text(address, "cluster.address", "'auto' or a Ray address such as 'ray://head:10001'")
     executor = _text(_optional(raw, "executor", DEFAULT_EXECUTOR), "cluster.executor", "an executor name")
-    if not _EXECUTOR.match(executor):
+    if not PLUGIN_NAME.match(executor):
         raise ConfigError("cluster.executor", "is not an executor name", value=executor,
                           allowed=f"lower-case letters, digits, '.', '_' and '-' (default {DEFAULT_EXECUTOR!r})")
     groups_raw = _optional(raw, "node_groups", [])

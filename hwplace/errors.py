@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import queue
-import reprlib
 from typing import Any
+
+from hwplace.wording import safe_repr
 
 
 class HwplaceError(Exception):
@@ -25,20 +26,10 @@ class ConfigError(HwplaceError, ValueError):
         self.allowed = allowed
         message = f"{path}: {problem}" if path else problem
         if value is not None:
-            message += f" (got {_short_repr(value)})"
+            message += f" (got {safe_repr(value)})"
         if allowed:
             message += f"; {allowed}"
         super().__init__(message)
-
-
-def _short_repr(value: Any) -> str:
-    """A repr short enough for a message, whatever the value's size; never raises."""
-    shorten = reprlib.Repr()
-    shorten.maxstring = shorten.maxother = 120
-    try:
-        return shorten.repr(value)
-    except Exception:
-        return f"<{type(value).__name__}>"
 
 
 class PlacementError(HwplaceError, ValueError):
@@ -77,7 +68,7 @@ class PlacementError(HwplaceError, ValueError):
         if self.component is not None:
             where.append(f"component {self.component!r}")
         if self.entry is not None:
-            where.append(f"entry {_short_repr(self.entry)} of {_short_repr(self.text)}")
+            where.append(f"entry {safe_repr(self.entry)} of {safe_repr(self.text)}")
         return f"{', '.join(where)}: {self.reason}" if where else self.reason
 
     def located(self, component: str, text: str, span: tuple[int, int] | None) -> PlacementError:

@@ -5,18 +5,15 @@ The built-in one is Ray (``plugins/ray``); ``cluster.executor`` in the config na
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, ClassVar
 
+from hwplace.hardware import PLUGIN_NAME
 from hwplace.wording import safe_repr
 
 if TYPE_CHECKING:
     from hwplace.cluster import Node
     from hwplace.config import ClusterConfig
     from hwplace.plugin_manager import PluginManager
-
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-
 
 class Executor:
     """Base class of an executor plugin; subclass it and return an instance from ``hwplace_executors()``.
@@ -46,7 +43,7 @@ def check_executor(executor: object) -> str | None:
         name = executor.name
     except Exception as exc:
         return f"reading {type(executor).__name__}.name raised {safe_repr(exc)}"
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not PLUGIN_NAME.match(name):
         return (f"{type(executor).__name__}.name is {safe_repr(name)}; an executor name is 1 to 64 lower-case "
                 "letters, digits, '.', '_' and '-'")
     return None

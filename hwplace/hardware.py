@@ -12,7 +12,8 @@ from hwplace.wording import safe_repr
 
 Kind = Literal["accelerator", "device", "node"]
 KINDS: tuple[Kind, ...] = ("accelerator", "device", "node")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+PLUGIN_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+"""What a backend's or executor's name may be: 1 to 64 lower-case letters, digits, '.', '_' and '-'."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def check_backend(backend: object) -> str | None:
         name, kind = backend.name, backend.kind
     except Exception as exc:
         return f"reading {cls}.name and .kind raised {safe_repr(exc)}"
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not PLUGIN_NAME.match(name):
         return (f"{cls}.name is {safe_repr(name)}; a backend name is 1 to 64 lower-case letters, digits, "
                 "'.', '_' and '-', starting with a letter or digit")
     if not isinstance(kind, str) or kind not in KINDS:

@@ -145,10 +145,8 @@ class PluginManager:
                 continue
             seen.add((ep.name, ep.value))
             dist = ep.dist.name if ep.dist is not None else "(unknown distribution)"
-            if ep.name in self._objects:
-                raise PluginError(f"two plugins are named {ep.name!r}: one from {self._distributions[ep.name]}, "
-                                  f"one from {dist}; uninstall or disable one (HWPLACE_DISABLED_PLUGINS)",
-                                  plugins=(ep.name,))
+            if ep.name in self._objects:  # before importing it: two packages claim one name
+                raise self._name_taken(ep.name, dist)
             try:
                 plugin = ep.load()
             except (Exception, SystemExit) as exc:  # a broken plugin must not take the others down
@@ -169,14 +167,13 @@ class PluginManager:
         A plugin that is not usable (a hook with a wrong signature, ``wrapper=True`` on a plain function,
         a name or an object registered already) raises :class:`PluginError`.
         """
-        name = name or self._pm.get_canonical_name(plugin)
+        name = name or self.default_name(plugin)
         dist = distribution or RUNTIME_DISTRIBUTION
         with self._lock:
             if self._pm.is_blocked(name):
                 return name
             if name in self._objects:
-                raise PluginError(f"two plugins are named {name!r}: one from {self._distributions[name]}, "
-                                  f"one from {dist}")
+                raise self._name_taken(name, dist)
             for other, obj in self._objects.items():
                 if obj is plugin:
                     raise PluginError(f"plugin {name!r} ({dist}) is {safe_repr(plugin)}, which is already "
@@ -190,6 +187,14 @@ class PluginManager:
             self._provided.clear()
         self._trace(f"registered plugin {name!r} from {dist}")
         return name
+
+    def default_name(self, plugin: object) -> str:
+        """The name ``register`` gives a plugin registered without one."""
+        return self._pm.get_canonical_name(plugin)
+
+    def _name_taken(self, name: str, dist: str) -> PluginError:
+        return PluginError(f"two plugins are named {name!r}: one from {self._distributions[name]}, one from {dist}; "
+                           "uninstall or disable one (HWPLACE_DISABLED_PLUGINS)", plugins=(name,))
 
     def unregister(self, name: str) -> None:
         """Remove the plugin registered under ``name``."""
@@ -246,7 +251,7 @@ class PluginManager:
             except (Exception, SystemExit) as exc:
                 self._hook_failed(name, f"{hook} raised {safe_repr(exc)}", hook)
                 return None
-            self._trace(f"{hook}() [plugin {name}] -> {safe_repr(result)}")
+            self._trace(f"{hook}() [plugin {name}] -> {safe_repr(result, short=False)}")
             if not isinstance(result, list | tuple):
                 self._hook_failed(name, f"{hook} returned {safe_repr(result)}, not a list", hook)
                 return None
@@ -385,8 +390,8 @@ class PluginManager:
         if key is not None:
             with self._lock:
                 self._detections[key] = detection
-        outcome = detection.error or safe_repr(list(detection.devices))
-        self._trace(f"{name}.detect({safe_repr(list(configs))}) -> {outcome}")
+        outcome = detection.error or safe_repr(list(detection.devices), short=False)
+        self._trace(f"{name}.detect({safe_repr(list(configs), short=False)}) -> {outcome}")
         return detection
 
     def _trace(self, message: str) -> None:

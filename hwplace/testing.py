@@ -119,7 +119,7 @@ def registered_plugin(
 
     if existing is not None:
         set_aside(existing)
-    registered = name or _canonical_name(plugin)
+    registered = name or manager.default_name(plugin)
     if manager.plugin(registered) is not None:
         set_aside(registered)
     try:
@@ -133,10 +133,6 @@ def registered_plugin(
     finally:
         for other, obj, dist in reversed(put_aside):
             manager.register(obj, name=other, distribution=dist)
-
-
-def _canonical_name(plugin: object) -> str:
-    return str(getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{id(plugin)}")
 
 
 def _clash(manager: PluginManager, registered: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import reprlib
 from collections.abc import Iterable, Sequence
 
 
@@ -30,9 +31,13 @@ def ranks_text(ranks: Sequence[int], word: str = "node") -> str:
     return f"{word}s " + ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
 
 
-def safe_repr(value: object) -> str:
-    """``repr(value)``, or a description of it when its ``__repr__`` raises."""
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 120
+
+
+def safe_repr(value: object, *, short: bool = True) -> str:
+    """``repr(value)``, shortened for a message unless ``short`` is off; a description when ``__repr__`` raises."""
     try:
-        return repr(value)
+        return _SHORT.repr(value) if short else repr(value)
     except Exception as exc:
         return f"<{type(value).__name__} object; its repr raised {type(exc).__name__}>"
