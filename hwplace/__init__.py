@@ -23,16 +23,19 @@ from hwplace.errors import (
     PluginError,
     WorkerError,
 )
-from hwplace.executor import Executor
+from hwplace.executor import Executor, Handle
+from hwplace.group import WorkerGroup
 from hwplace.hardware import Device, HardwareBackend
 from hwplace.loading import load_config
 from hwplace.placement import Placement
+from hwplace.plugin_manager import PluginManager, get_plugin_manager
 from hwplace.strategies import (
     FlexiblePlacementStrategy,
     NodePlacementStrategy,
     PackedPlacementStrategy,
     PlacementStrategy,
 )
+from hwplace.worker import Worker
 
 __version__ = "0.1.0"
 
@@ -51,6 +54,7 @@ __all__ = [
     "Device",
     "Executor",
     "FlexiblePlacementStrategy",
+    "Handle",
     "HardwareBackend",
     "HwplaceError",
     "Node",
@@ -61,8 +65,12 @@ __all__ = [
     "PlacementError",
     "PlacementStrategy",
     "PluginError",
+    "PluginManager",
+    "Worker",
     "WorkerError",
+    "WorkerGroup",
     "__version__",
+    "get_plugin_manager",
     "hookimpl",
     "load_config",
     "parse_cluster_config",

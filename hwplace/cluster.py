@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hwplace.config import ClusterConfig, parse_cluster_config
 from hwplace.errors import ConfigError, PluginError
@@ -13,6 +13,9 @@ from hwplace.frozen import FrozenDict
 from hwplace.hardware import Device, HardwareBackend
 from hwplace.plugin_manager import PluginManager, get_plugin_manager
 from hwplace.wording import plural, ranks_text, safe_repr
+
+if TYPE_CHECKING:
+    from hwplace.executor import Executor
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class Cluster:
         plugin_manager: PluginManager | None = None,
     ) -> None:
         self.plugin_manager = plugin_manager or get_plugin_manager()
+        self._executor: Executor | None = None
         config = parse_cluster_config(cluster_cfg, plugin_manager=self.plugin_manager) if cluster_cfg is not None \
             else None
         if nodes is None:
@@ -123,7 +127,18 @@ class Cluster:
             raise ConfigError("cluster.executor", str(exc), allowed="install the executor's plugin (the Ray "
                               "executor comes with pip install 'hwplace[ray]'); to plan without running "
                               "anything use hwplace.testing.fake_cluster or Cluster.this_machine") from None
-        return list(executor.discover(config, self.plugin_manager))
+        nodes = list(executor.discover(config, self.plugin_manager))
+        self._executor = executor
+        return nodes
+
+    def executor(self) -> Executor:
+        """The executor that discovered this cluster's nodes and runs its workers."""
+        if self._executor is None:
+            raise ConfigError("cluster", "this cluster was built from a given inventory (fake_cluster, "
+                              "this_machine or nodes=[...]), so it can plan but not run workers",
+                              allowed="to launch workers, build it with hwplace.Cluster(cluster_cfg), which "
+                              "asks the executor (Ray by default) for the live nodes")
+        return self._executor
 
     @classmethod
     def this_machine(

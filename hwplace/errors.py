@@ -85,7 +85,46 @@ class PluginError(HwplaceError):
 
 
 class WorkerError(HwplaceError, RuntimeError):
-    """A worker method raised or a worker process died."""
+    """A worker's constructor or method raised, or its process died.
+
+    ``group`` and ``rank`` name the worker, ``node_rank`` its node, and ``remote_traceback`` is the traceback
+    as formatted in the worker (``None`` when the process died without one).
+    """
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        group: str | None = None,
+        rank: int | None = None,
+        node_rank: int | None = None,
+        remote_traceback: str | None = None,
+    ) -> None:
+        self.problem = problem
+        self.group = group
+        self.rank = rank
+        self.node_rank = node_rank
+        self.remote_traceback = remote_traceback
+        where = []
+        if group is not None:
+            where.append(f"group {group!r}")
+        if rank is not None:
+            where.append(f"rank {rank}")
+        if node_rank is not None:
+            where.append(f"on node {node_rank}")
+        message = f"{' '.join(where)}: {problem}" if where else problem
+        if remote_traceback:
+            message += "\n\nRemote traceback:\n" + remote_traceback.rstrip()
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild_worker_error, (self.problem, self.group, self.rank, self.node_rank, self.remote_traceback)
+
+
+def _rebuild_worker_error(
+    problem: str, group: str | None, rank: int | None, node_rank: int | None, remote_traceback: str | None
+) -> WorkerError:
+    return WorkerError(problem, group=group, rank=rank, node_rank=node_rank, remote_traceback=remote_traceback)
 
 
 class ChannelClosed(HwplaceError):

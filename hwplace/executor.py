@@ -1,19 +1,133 @@
 """What an executor is: the runtime that discovers a cluster's nodes and runs workers on them.
 
-The built-in one is Ray (``plugins/ray``); ``cluster.executor`` in the config names the one to use.
+The built-in one is Ray (``plugins/ray``); ``cluster.executor`` in the config names the one to use. This
+module is the whole interface for writing one: subclass :class:`Executor` (and :class:`GroupRuntime`,
+:class:`Handle`); on each node run :func:`detect_here`; in each worker process host the worker with
+:func:`start_worker` and :func:`run_method` / :func:`run_method_async`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from hwplace.hardware import PLUGIN_NAME
+from hwplace.hardware import PLUGIN_NAME, Device
 from hwplace.wording import safe_repr
+from hwplace.worker import RemoteFailure, WorkerContext, run_method, run_method_async, start_worker
 
 if TYPE_CHECKING:
     from hwplace.cluster import Node
     from hwplace.config import ClusterConfig
+    from hwplace.placement import Placement
     from hwplace.plugin_manager import PluginManager
+    from hwplace.worker import Worker
+
+__all__ = [
+    "Executor",
+    "GroupRequest",
+    "GroupRuntime",
+    "Handle",
+    "RemoteFailure",
+    "WorkerContext",
+    "WorkerSpec",
+    "detect_here",
+    "detect_timeout",
+    "run_method",
+    "run_method_async",
+    "start_worker",
+]
+
+
+def detect_here(
+    declared: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> tuple[dict[str, tuple[Device, ...]], dict[str, str]]:
+    """Run every backend's detection on this node (run it on each node during ``discover``).
+
+    ``declared`` maps a device backend's name to this node's configs for it. Returns the devices and the
+    problems found, by backend name (or ``plugin 'x'``). Cached per process, like all detection.
+    """
+    from hwplace.cluster import detect_node_hardware
+    from hwplace.plugin_manager import get_plugin_manager
+
+    return detect_node_hardware(declared, manager=get_plugin_manager())
+
+
+def detect_timeout() -> float:
+    """The time bound of one backend's ``detect`` (``HWPLACE_DETECT_TIMEOUT`` seconds, 10 by default)."""
+    from hwplace import plugin_manager
+
+    return plugin_manager.detect_timeout()
+
+
+class Handle:
+    """A call in flight on one or more workers of a group; its results come back in rank order.
+
+    ``wait(timeout=None)`` returns them, raising :class:`hwplace.WorkerError` for the first rank that failed
+    and ``TimeoutError`` when ``timeout`` seconds elapse (the call goes on, and ``wait`` may be called again).
+    ``done()`` says whether every rank has answered; ``await handle`` waits inside async code.
+    """
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        raise NotImplementedError(f"{type(self).__name__}.wait")
+
+    def done(self) -> bool:
+        raise NotImplementedError(f"{type(self).__name__}.done")
+
+    @property
+    def num_done(self) -> int:
+        """How many ranks have answered so far."""
+        raise NotImplementedError(f"{type(self).__name__}.num_done")
+
+    async def wait_async(self) -> list[Any]:
+        """``wait()`` for async code; ``await handle`` calls it."""
+        raise NotImplementedError(f"{type(self).__name__}.wait_async")
+
+    def __await__(self) -> Generator[Any, None, list[Any]]:
+        return self.wait_async().__await__()
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one worker process is started with.
+
+    ``process_env`` (the group's ``env_configs``) and ``python_interpreter_path`` take effect when the process
+    starts; ``env`` (isolation and torch.distributed variables) is set in the process before the worker
+    class is loaded.
+    """
+
+    placement: Placement
+    node: Node
+    env: Mapping[str, str]
+    process_env: Mapping[str, str]
+    python_interpreter_path: str | None
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """A group to start: its name, worker class, constructor arguments and one spec per rank."""
+
+    name: str
+    worker_class: type[Worker]
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    workers: Sequence[WorkerSpec]
+
+
+class GroupRuntime:
+    """The running workers of one group, as an executor holds them."""
+
+    def ready(self) -> Handle:
+        """A handle on the constructors: its ``wait`` raises ``WorkerError`` for a rank whose constructor failed."""
+        raise NotImplementedError(f"{type(self).__name__}.ready")
+
+    def call(self, ranks: Sequence[int], method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Handle:
+        """Call ``method`` on the workers of ``ranks``, without waiting."""
+        raise NotImplementedError(f"{type(self).__name__}.call")
+
+    def shutdown(self) -> None:
+        """Stop every worker and free the group's name."""
+        raise NotImplementedError(f"{type(self).__name__}.shutdown")
 
 class Executor:
     """Base class of an executor plugin; subclass it and return an instance from ``hwplace_executors()``.
@@ -30,6 +144,17 @@ class Executor:
         ``config`` declares for it. Fewer live nodes than ``config.num_nodes`` raises ``ConfigError``.
         """
         raise NotImplementedError(f"{type(self).__name__}.discover")
+
+    def free_port(self, node: Node) -> int:
+        """A TCP port free on ``node`` now (the group's ``MASTER_PORT``, picked on rank 0's node)."""
+        raise NotImplementedError(f"{type(self).__name__}.free_port")
+
+    def start_group(self, request: GroupRequest) -> GroupRuntime:
+        """Start one worker per spec, each on its node; a name already in use is a ``ConfigError``.
+
+        Returns without waiting for the constructors (``GroupRuntime.ready`` does).
+        """
+        raise NotImplementedError(f"{type(self).__name__}.start_group")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

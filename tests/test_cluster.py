@@ -182,9 +182,12 @@ def test_a_cluster_needs_a_config_or_nodes(manager: PluginManager) -> None:
         hwplace.Cluster(plugin_manager=manager)
 
 
-def test_without_nodes_and_without_an_executor_names_cluster_executor(manager: PluginManager) -> None:
+def test_without_nodes_and_without_an_executor_names_cluster_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWPLACE_DISABLED_PLUGINS", "ray")
+    manager = PluginManager()
     with pytest.raises(hwplace.ConfigError, match=r"^cluster\.executor: no executor is named 'ray'; registered: "
-                       r"none; install the executor's plugin .* hwplace\.testing\.fake_cluster or "
+                       r"none \(disabled here: HWPLACE_DISABLED_PLUGINS=ray\); install the executor's plugin .* "
+                       r"hwplace\.testing\.fake_cluster or "
                        r"Cluster\.this_machine$") as info:
         hwplace.Cluster({"num_nodes": 1}, plugin_manager=manager)
     assert info.value.path == "cluster.executor"

@@ -1,0 +1,153 @@
+"""The Ray executor: connects to Ray (or starts it), discovers the nodes, and starts worker groups.
+
+Ray is imported when a method is called, never when hwplace loads this plugin.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import hwplace
+from hwplace import ClusterConfig, ConfigError, Node, PluginManager
+from hwplace.executor import GroupRequest, GroupRuntime, detect_timeout
+from hwplace_plugins.ray.ranks import RANK_VARIABLE, FoundNode, assign_ranks, nodes_table
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+STARTUP_ALLOWANCE = 60.0  # seconds a node may take to start the process that runs its detection
+HEAD_RESOURCE = "node:__internal_head__"
+
+
+def import_ray() -> ModuleType:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("cluster.executor", f"the Ray executor needs Ray, which is not installed ({exc})",
+                          allowed="pip install 'hwplace[ray]'") from None
+    return ray
+
+
+def connect(address: str | None) -> ModuleType:
+    """Ray, connected: the driver's existing connection, else ``address`` (or ``RAY_ADDRESS``, or a Ray started
+    on this machine), else a new embedded local Ray. ``address: local`` always starts a new one."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    try:
+        ray.init(address=address, log_to_driver=True)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
+        raise ConfigError("cluster.address", f"cannot connect to {where}: {exc}",
+                          allowed="'auto' (a running cluster), 'local' (a new one on this machine), "
+                          "'host:port' or 'ray://host:port'; leave it out to use a running Ray or start one") from None
+    return ray
+
+
+class RayExecutor(hwplace.Executor):
+    """Runs workers as Ray actors, each pinned to its node."""
+
+    name = "ray"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._groups: dict[str, GroupRuntime] = {}
+        self._remote: dict[str, Any] = {}
+
+    def remote(self, name: str) -> Any:
+        """A Ray remote function or actor class of this plugin, made once per process."""
+        if name not in self._remote:
+            ray = import_ray()
+            from hwplace_plugins.ray import probe, runtime
+
+            made = {
+                "inspect_node": lambda: ray.remote(num_cpus=0, max_retries=0)(probe.inspect_node),
+                "free_port": lambda: ray.remote(num_cpus=0, max_retries=0)(probe.free_port),
+                "host": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(runtime.WorkerHost),
+            }
+            self._remote[name] = made[name]()
+        return self._remote[name]
+
+    def discover(self, config: ClusterConfig, plugin_manager: PluginManager) -> list[Node]:
+        ray = connect(config.address)
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        def pinned(node_id: str) -> Any:
+            return NodeAffinitySchedulingStrategy(node_id, soft=False)
+
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        inspect = self.remote("inspect_node")
+        refs = [inspect.options(scheduling_strategy=pinned(n["NodeID"])).remote({}) for n in alive]
+        answers = self._answers(ray, refs, [FoundNode(n["NodeID"], n["NodeManagerAddress"],
+                                                      HEAD_RESOURCE in n.get("Resources", {})) for n in alive])
+        found = []
+        for info, (env_rank, hostname, hardware, _) in zip(alive, answers, strict=True):
+            label = (info.get("Labels") or {}).get(RANK_VARIABLE)
+            summary = ", ".join(f"{len(d)} {t}" for t, d in sorted(hardware.items()) if t != "node")
+            found.append(FoundNode(info["NodeID"], info["NodeManagerAddress"], HEAD_RESOURCE in info["Resources"],
+                                   label, env_rank, hostname, summary))
+        ranked = assign_ranks(found)
+        if config.num_nodes > len(ranked):
+            raise ConfigError("cluster.num_nodes", f"asks for {config.num_nodes} nodes but Ray has "
+                              f"{len(ranked)} alive", allowed=f"start more nodes, or lower num_nodes\n"
+                              f"{nodes_table(ranked)}")
+        by_id = dict(zip((n["NodeID"] for n in alive), answers, strict=True))
+        nodes = [Node(f.rank or 0, f.node_id, f.address, by_id[f.node_id][2], by_id[f.node_id][3])
+                 for f in ranked[: config.num_nodes]]
+        declared = {node.rank: config.declared_configs(node.rank) for node in nodes}
+        with_devices = [node for node in nodes if declared[node.rank]]
+        if with_devices:
+            refs = [inspect.options(scheduling_strategy=pinned(n.node_id)).remote(declared[n.rank])
+                    for n in with_devices]
+            for node, (_, _, hardware, problems) in zip(with_devices, self._answers(ray, refs, found), strict=True):
+                nodes[node.rank] = Node(node.rank, node.node_id, node.address, hardware, problems)
+        return nodes
+
+    @staticmethod
+    def _answers(ray: ModuleType, refs: Sequence[Any], nodes: Sequence[FoundNode]) -> list[Any]:
+        """The results of one probe per node, or a ``ConfigError`` naming the nodes that did not answer."""
+        timeout = detect_timeout() + STARTUP_ALLOWANCE
+        _ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+        if pending:
+            silent = [node for ref, node in zip(refs, nodes, strict=True) if ref in set(pending)]
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise ConfigError("cluster", f"nodes did not answer hardware detection within "
+                              f"{timeout:g} s: " + ", ".join(f"{n.node_id[:12]} ({n.address})" for n in silent),
+                              allowed=f"check those nodes' raylets; HWPLACE_DETECT_TIMEOUT bounds each "
+                              f"backend\n{nodes_table(nodes)}")
+        results = []
+        for ref, node in zip(refs, nodes, strict=True):
+            try:
+                results.append(ray.get(ref))
+            except ray.exceptions.RayError as exc:
+                raise ConfigError("cluster", f"hardware detection failed on node {node.node_id[:12]} "
+                                  f"({node.address}): {exc}") from None
+        return results
+
+    def free_port(self, node: Node) -> int:
+        ray = import_ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = self.remote("free_port").options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id,
+                                                                                                 soft=False))
+        return int(ray.get(task.remote(), timeout=STARTUP_ALLOWANCE))
+
+    def start_group(self, request: GroupRequest) -> GroupRuntime:
+        from hwplace_plugins.ray.runtime import RayGroupRuntime
+
+        with self._lock:
+            if request.name in self._groups:
+                raise ConfigError("name", f"a worker group named {request.name!r} is running",
+                                  allowed="shut it down first (group.shutdown()) or choose another name")
+            runtime = RayGroupRuntime(request, self.remote("host"), release=self._release)
+            self._groups[request.name] = runtime
+        return runtime
+
+    def _release(self, name: str) -> None:
+        with self._lock:
+            self._groups.pop(name, None)
+

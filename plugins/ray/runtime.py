@@ -1,0 +1,192 @@
+"""A group's workers as Ray actors, and the handles of calls on them.
+
+Each worker process hosts one :class:`WorkerHost` actor. It is an async actor: ``async def`` methods of the
+worker run on its event loop, plain ones on a single thread of their own, in call order. The worker class
+travels pickled and is loaded only after hwplace's variables are set in the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import ray
+from ray import cloudpickle
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from hwplace import Worker, WorkerError
+from hwplace.executor import (
+    GroupRequest,
+    GroupRuntime,
+    Handle,
+    RemoteFailure,
+    WorkerContext,
+    WorkerSpec,
+    run_method,
+    run_method_async,
+    start_worker,
+)
+
+
+class WorkerHost:
+    """Hosts one worker in a Ray actor process."""
+
+    def __init__(self, shared: tuple[bytes, tuple[Any, ...], Mapping[str, Any]], context: WorkerContext) -> None:
+        payload, args, kwargs = shared
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwplace-worker")
+        outcome = self._thread.submit(start_worker, lambda: cloudpickle.loads(payload), context, args, kwargs).result()
+        self._failure = outcome if isinstance(outcome, RemoteFailure) else None
+        self._worker = outcome if isinstance(outcome, Worker) else None
+
+    async def ready(self) -> RemoteFailure | None:
+        return self._failure
+
+    async def call(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        if self._worker is None:  # never reached through a group: launch fails when a constructor does
+            return self._failure
+        if inspect.iscoroutinefunction(getattr(type(self._worker), method, None)):
+            return await run_method_async(self._worker, method, args, kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, run_method, self._worker, method, args, kwargs)
+
+
+def _actor_options(spec: WorkerSpec) -> dict[str, Any]:
+    options: dict[str, Any] = {"scheduling_strategy": NodeAffinitySchedulingStrategy(spec.node.node_id, soft=False)}
+    runtime_env: dict[str, Any] = {}
+    if spec.process_env:
+        runtime_env["env_vars"] = dict(spec.process_env)
+    if spec.python_interpreter_path:
+        runtime_env["py_executable"] = spec.python_interpreter_path
+    if runtime_env:
+        options["runtime_env"] = runtime_env
+    return options
+
+
+class RayGroupRuntime(GroupRuntime):
+    """The actors of one group, in rank order."""
+
+    def __init__(self, request: GroupRequest, host: Any, release: Callable[[str], None]) -> None:
+        self.name = request.name
+        self.specs = tuple(request.workers)
+        self._release = release
+        shared = ray.put((cloudpickle.dumps(request.worker_class), request.args, dict(request.kwargs)))
+        size = len(self.specs)
+        self.actors = [
+            host.options(**_actor_options(spec)).remote(
+                shared, WorkerContext(request.name, spec.placement.rank, size, spec.placement, dict(spec.env)))
+            for spec in self.specs
+        ]
+
+    def ready(self) -> Handle:
+        return RayHandle(self, tuple(range(len(self.actors))), [a.ready.remote() for a in self.actors],
+                         "the constructor")
+
+    def call(self, ranks: Sequence[int], method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Handle:
+        if len(ranks) > 1 and (args or kwargs):
+            args, kwargs = ray.put(args), ray.put(kwargs)  # serialised once, not once per rank
+        refs = [self.actors[r].call.remote(method, args, kwargs) for r in ranks]
+        return RayHandle(self, tuple(ranks), refs, f"{method}()")
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self._release(self.name)
+
+    def failure(self, rank: int, what: str, outcome: Any) -> WorkerError | None:
+        """The error an outcome of ``rank`` stands for, or ``None`` for a result."""
+        node_rank = self.specs[rank].placement.node_rank
+        if isinstance(outcome, RemoteFailure):
+            return outcome.error(what, group=self.name, rank=rank, node_rank=node_rank)
+        if isinstance(outcome, ray.exceptions.RayActorError):
+            node = self.specs[rank].node
+            return WorkerError(f"{what} failed: the worker process has died (node {node_rank} is "
+                               f"{node.address}, Ray node {node.node_id[:12]}): {_first_line(outcome)}",
+                               group=self.name, rank=rank, node_rank=node_rank)
+        if isinstance(outcome, ray.exceptions.RayError):
+            return WorkerError(f"{what} failed in Ray: {outcome}", group=self.name, rank=rank, node_rank=node_rank)
+        return None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(error).__name__
+
+
+class RayHandle(Handle):
+    """Results of one call on some ranks of a group, gathered as they arrive; the first failure is raised."""
+
+    def __init__(self, runtime: RayGroupRuntime, ranks: tuple[int, ...], refs: list[Any], what: str) -> None:
+        self._runtime = runtime
+        self._ranks = ranks
+        self._refs = refs
+        self._what = what
+        self._index = {ref: i for i, ref in enumerate(refs)}
+        self._outcomes: dict[int, Any] = {}
+
+    def _collect(self, refs: list[Any]) -> None:
+        for ref in refs:
+            try:
+                outcome = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                outcome = exc
+            self._outcomes[self._index[ref]] = outcome
+
+    def _pending(self) -> list[Any]:
+        return [ref for i, ref in enumerate(self._refs) if i not in self._outcomes]
+
+    def _raise_failures(self) -> None:
+        for i in sorted(self._outcomes):
+            error = self._runtime.failure(self._ranks[i], self._what, self._outcomes[i])
+            if error is not None:
+                raise error
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        pending = self._pending()
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+            if not ready:
+                remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+                if not ready:
+                    self._raise_failures()
+                    raise TimeoutError(f"group {self._runtime.name!r}: {self._what} did not finish within "
+                                       f"{timeout:g} s on ranks {self._waiting_ranks()}; it goes on running")
+            self._collect(ready)
+            self._raise_failures()
+        self._raise_failures()
+        return [self._outcomes[i] for i in range(len(self._refs))]
+
+    def _waiting_ranks(self) -> list[int]:
+        return [self._ranks[i] for i in range(len(self._refs)) if i not in self._outcomes]
+
+    def done(self) -> bool:
+        pending = self._pending()
+        return not pending or len(ray.wait(pending, num_returns=len(pending), timeout=0)[0]) == len(pending)
+
+    @property
+    def num_done(self) -> int:
+        pending = self._pending()
+        ready = ray.wait(pending, num_returns=len(pending), timeout=0)[0] if pending else []
+        return len(self._refs) - len(pending) + len(ready)
+
+    async def wait_async(self) -> list[Any]:
+        async def one(i: int, ref: Any) -> None:
+            try:
+                self._outcomes[i] = await ref
+            except ray.exceptions.RayError as exc:
+                self._outcomes[i] = exc
+            error = self._runtime.failure(self._ranks[i], self._what, self._outcomes[i])
+            if error is not None:
+                raise error
+
+        await asyncio.gather(*(one(i, ref) for i, ref in enumerate(self._refs) if i not in self._outcomes))
+        self._raise_failures()
+        return [self._outcomes[i] for i in range(len(self._refs))]
+
+    def __repr__(self) -> str:
+        return f"<RayHandle {self._runtime.name!r} {self._what} on {len(self._refs)} ranks>"
