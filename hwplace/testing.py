@@ -149,7 +149,7 @@ def local_ray_cluster(
         finally:
             ray.shutdown()
     finally:
-        cluster.shutdown()
+        cluster.shutdown()  # type: ignore[no-untyped-call]
 
 
 @contextlib.contextmanager

@@ -102,7 +102,8 @@ class RayExecutor(hwplace.Executor):
         if with_devices:
             refs = [inspect.options(scheduling_strategy=pinned(n.node_id)).remote(declared[n.rank])
                     for n in with_devices]
-            for node, (_, _, hardware, problems) in zip(with_devices, self._answers(ray, refs, found), strict=True):
+            probed = [next(f for f in ranked if f.node_id == n.node_id) for n in with_devices]
+            for node, (_, _, hardware, problems) in zip(with_devices, self._answers(ray, refs, probed), strict=True):
                 nodes[node.rank] = Node(node.rank, node.node_id, node.address, hardware, problems)
         return nodes
 
