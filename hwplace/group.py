@@ -171,7 +171,8 @@ class WorkerGroup:
             raise AttributeError(method)
         target = getattr(self.worker_class, method, None)
         if not callable(target):
-            public = [m for m in dir(self.worker_class) if not m.startswith("_")]
+            public = [m for m in dir(self.worker_class)
+                      if not m.startswith("_") and callable(getattr(self.worker_class, m, None))]
             raise AttributeError(f"{self.worker_class.__name__} has no method {method!r}"
                                  f"{did_you_mean(method, public)}")
 

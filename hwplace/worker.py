@@ -164,8 +164,8 @@ def start_worker(
     loading or the constructor raises comes back as a :class:`RemoteFailure`.
     """
     os.environ.update(context.env)
-    _configure_logging()
     try:
+        _configure_logging()
         cls = load_class()
         if not (isinstance(cls, type) and issubclass(cls, Worker)):
             raise TypeError(f"{cls!r} is not a subclass of hwplace.Worker")
@@ -173,7 +173,7 @@ def start_worker(
         worker._hwplace_context = context
         worker.__init__(*args, **kwargs)  # type: ignore[misc]
     except BaseException as exc:  # a constructor calling sys.exit must not take the process down unreported
-        return RemoteFailure.capture(exc, skip=0)
+        return RemoteFailure.capture(exc)
     return worker
 
 

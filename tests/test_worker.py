@@ -153,6 +153,13 @@ def test_start_worker_sets_the_log_level_from_the_env(monkeypatch: pytest.Monkey
     assert logging.getLogger("hwplace.worker").level == logging.DEBUG
 
 
+def test_a_bad_log_level_comes_back_as_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWPLACE_LOG_LEVEL", "info")
+    failure = failure_of(start_worker(lambda: Adder, context(env={"HWPLACE_LOG_LEVEL": "chatty"}), (1,), {}))
+    assert failure.summary == "ValueError: Unknown level: 'CHATTY'"
+    assert "start_worker" not in failure.traceback.splitlines()[1]  # hwplace's own frame is left out
+
+
 def test_constructor_error_comes_back_with_the_users_traceback() -> None:
     failure = failure_of(start_worker(lambda: Broken, context(), (), {}))
     assert failure.summary == "ValueError: bad config 7"
@@ -242,7 +249,7 @@ def test_log_helpers_write_to_stderr_in_a_worker(capsys: pytest.CaptureFixture[s
 def test_find_method_gives_the_bound_method() -> None:
     worker = started()
     method = find_method(worker, "add")
-    assert method.__self__ is worker
+    assert getattr(method, "__self__", None) is worker
     assert method(1) == (1 + 1) * 1 + 3
 
 

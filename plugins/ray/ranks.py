@@ -58,7 +58,8 @@ def assign_ranks(nodes: Sequence[FoundNode]) -> list[FoundNode]:
     for node in nodes:
         label = _parse_rank(node.label_rank, node, "node label HWPLACE_NODE_RANK") \
             if node.label_rank is not None else None
-        env = _parse_rank(node.env_rank, node, "HWPLACE_NODE_RANK") if node.env_rank is not None else None
+        env = _parse_rank(node.env_rank, node, "environment variable HWPLACE_NODE_RANK") \
+            if node.env_rank is not None and node.env_rank.strip() else None  # set but empty counts as unset
         if label is not None and env is not None and label != env:
             raise ConfigError(RANK_VARIABLE, f"node {node.node_id[:12]} ({node.address}) has node label "
                               f"{label} but environment {env}", allowed="set one, or make them agree")

@@ -73,7 +73,8 @@ class RayGroupRuntime(GroupRuntime):
         self.name = request.name
         self.specs = tuple(request.workers)
         self._release = release
-        shared = ray.put((cloudpickle.dumps(request.worker_class), request.args, dict(request.kwargs)))
+        payload = cloudpickle.dumps(request.worker_class)  # type: ignore[no-untyped-call]
+        shared = ray.put((payload, request.args, dict(request.kwargs)))
         size = len(self.specs)
         self.actors = [
             host.options(**_actor_options(spec)).remote(
@@ -86,9 +87,10 @@ class RayGroupRuntime(GroupRuntime):
                          "the constructor")
 
     def call(self, ranks: Sequence[int], method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Handle:
+        sent: tuple[Any, Any] = (args, kwargs)
         if len(ranks) > 1 and (args or kwargs):
-            args, kwargs = ray.put(args), ray.put(kwargs)  # serialised once, not once per rank
-        refs = [self.actors[r].call.remote(method, args, kwargs) for r in ranks]
+            sent = (ray.put(args), ray.put(kwargs))  # serialised once, not once per rank; Ray resolves them
+        refs = [self.actors[r].call.remote(method, *sent) for r in ranks]
         return RayHandle(self, tuple(ranks), refs, f"{method}()")
 
     def shutdown(self) -> None:

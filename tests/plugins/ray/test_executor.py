@@ -75,7 +75,7 @@ class Probe(hwplace.Worker):
         try:
             tensor = torch.tensor([float(self.rank + 1)])
             dist.all_reduce(tensor)
-            return tensor.tolist()
+            return [float(v) for v in tensor.tolist()]
         finally:
             dist.destroy_process_group()
 
@@ -178,7 +178,8 @@ def test_async_methods_and_awaiting_handles(actor) -> None:
     assert actor.double_later(21).wait() == [42] * 8
 
     async def main() -> list[int]:
-        return await actor.execute_on(0).double_later(4)
+        results: list[int] = await actor.execute_on(0).double_later(4)
+        return results
 
     assert asyncio.run(main()) == [8]
 
@@ -271,6 +272,7 @@ def test_a_raising_method_names_group_rank_node_and_the_remote_traceback(actor) 
         actor.fail(6).wait()
     error = info.value
     assert (error.group, error.rank, error.node_rank) == ("actor", 6, 1)
+    assert error.remote_traceback is not None
     assert "in fail" in error.remote_traceback
     assert 'raise ValueError(f"rank {rank} refuses")' in error.remote_traceback
     assert isinstance(error.__cause__, ValueError)
@@ -281,7 +283,7 @@ def test_a_constructor_failure_surfaces_from_launch_with_its_rank(cluster, place
     with pytest.raises(hwplace.WorkerError, match=r"group 'broken' rank 1 on node 0: the constructor raised "
                        r"RuntimeError: no device for rank 1") as info:
         BrokenOnRankOne.create_group().launch(cluster, placement.get_strategy("actor"), name="broken")
-    assert "no device for rank 1" in info.value.remote_traceback
+    assert "no device for rank 1" in str(info.value.remote_traceback)
     group = Probe.create_group().launch(cluster, placement.get_strategy("pair"), name="broken")  # name is free
     group.shutdown()
 

@@ -47,7 +47,7 @@ def test_whitespace_around_a_rank_is_ignored() -> None:
     assert ranked([node("a", env_rank=" 1\n"), node("b", "10.0.0.2")]) == [(0, "b", "order"), (1, "a", "env")]
 
 
-@pytest.mark.parametrize("raw", ["x", "-1", "+1", "1.0", "", "1 2", "\u0661", "1" * 19])
+@pytest.mark.parametrize("raw", ["x", "-1", "+1", "1.0", "1 2", "\u0661", "1" * 19])
 def test_bad_rank_values_name_the_node(raw: str) -> None:
     bad = node("0123456789abcdef", "10.0.0.5", env_rank=raw)
     with pytest.raises(ConfigError, match=r"node 0123456789ab \(10\.0\.0\.5\) has .*non-negative integer") as exc:
@@ -59,7 +59,7 @@ def test_bad_rank_values_name_the_node(raw: str) -> None:
 def test_label_and_env_errors_say_which_source() -> None:
     with pytest.raises(ConfigError, match="has node label HWPLACE_NODE_RANK 'x'"):
         assign_ranks([node("a", label_rank="x")])
-    with pytest.raises(ConfigError, match="has HWPLACE_NODE_RANK 'y'"):
+    with pytest.raises(ConfigError, match="has environment variable HWPLACE_NODE_RANK 'y'"):
         assign_ranks([node("a", env_rank="y")])
 
 
@@ -161,3 +161,8 @@ def test_table_of_ranked_nodes() -> None:
 def test_table_of_unranked_nodes_shows_dashes() -> None:
     lines = nodes_table([node("abc", "host-x")]).splitlines()
     assert lines[2].split() == ["-", "abc", "host-x", "-", "-"]
+
+
+def test_an_empty_environment_value_counts_as_unset() -> None:
+    ranked = assign_ranks([node("b", "10.0.0.2", env_rank=" "), node("a", "10.0.0.1", head=True, env_rank="1")])
+    assert [(n.node_id, n.rank, n.source) for n in ranked] == [("b", 0, "order"), ("a", 1, "env")]

@@ -1,0 +1,336 @@
+"""Worker groups without a cluster (SPEC section 6): the torch variables, worker specs, launch's checks and
+WorkerGroup's dispatch over a small in-process executor runtime."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+import hwplace
+from hwplace import ConfigError, PlacementError, Worker, WorkerError
+from hwplace.config import NodeGroup
+from hwplace.executor import GroupRuntime, Handle
+from hwplace.group import GroupLauncher, WorkerGroup, torch_env, worker_specs
+from hwplace.testing import fake_cluster
+from hwplace.worker import RemoteFailure, WorkerContext, run_method, start_worker
+
+TORCH_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"}
+ROBOT_GROUP = {
+    "label": "robot",
+    "node_ranks": 1,
+    "hardware": {"type": "fake-robot", "configs": [{"node_rank": 1, "name": "arm0"}]},
+}
+
+
+def planned(
+    section: dict[str, Any], name: str, isolate: bool = True
+) -> tuple[hwplace.Cluster, list[hwplace.Placement]]:
+    cluster = fake_cluster(section, accelerators_per_node=4)
+    strategy = hwplace.ComponentPlacement({"cluster": section}, cluster).get_strategy(name)
+    return cluster, strategy.get_placement(cluster, isolate_accelerator=isolate)
+
+
+def placed(placement: str | dict[str, Any], isolate: bool = True, **section: Any) -> list[hwplace.Placement]:
+    return planned({"num_nodes": 2, "component_placement": {"c": placement}, **section}, "c", isolate)[1]
+
+
+def local_ranks(placements: list[hwplace.Placement]) -> list[str]:
+    return [torch_env(p, len(placements), "head", 1234)["LOCAL_RANK"] for p in placements]
+
+
+# -- torch_env ---------------------------------------------------------------------------------------
+
+
+def test_torch_env_has_all_seven_variables_as_strings() -> None:
+    placements = placed("0-7")
+    env = torch_env(placements[5], 8, "10.0.0.1", 29500)
+    assert env == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4", "NODE_RANK": "1",
+                   "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert all(isinstance(value, str) for value in env.values())
+
+
+def test_local_rank_is_zero_when_isolated() -> None:
+    assert local_ranks(placed("2-7")) == ["0"] * 6
+
+
+def test_local_rank_is_the_accelerator_id_when_not_isolated() -> None:
+    placements = placed("2-7", isolate=False)
+    assert [p.local_rank for p in placements] == [0, 1, 0, 1, 2, 3]  # not what LOCAL_RANK must be
+    assert local_ranks(placements) == ["2", "3", "0", "1", "2", "3"]
+
+
+def test_local_rank_is_the_first_own_accelerator() -> None:
+    assert local_ranks(placed("0-7:0-3", isolate=False)) == ["0", "2", "0", "2"]
+    assert local_ranks(placed("0-7:0-3")) == ["0", "0", "0", "0"]
+
+
+def test_processes_sharing_an_accelerator_get_its_local_rank() -> None:
+    assert local_ranks(placed("1-2:0-3", isolate=False)) == ["1", "1", "2", "2"]
+    assert local_ranks(placed("1-2:0-3")) == ["0", "0", "0", "0"]
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_process_without_accelerator_gets_its_process_local_rank(isolate: bool) -> None:
+    placements = placed({"node_group": "node", "placement": "0-1:0-3"}, isolate)
+    assert [p.local_accelerator_id for p in placements] == [-1] * 4
+    assert local_ranks(placements) == ["0", "1", "0", "1"]
+    envs = [torch_env(p, 4, "head", 1) for p in placements]
+    assert [(e["NODE_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs] == [("0", "2"), ("0", "2"), ("1", "2"), ("1", "2")]
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_device_process_gets_its_process_local_rank(isolate: bool) -> None:
+    placements = placed({"node_group": "robot", "placement": "0:0-1"}, isolate, node_groups=[ROBOT_GROUP])
+    assert placements[0].visible_accelerators == (() if isolate else (0, 1, 2, 3))
+    assert local_ranks(placements) == ["0", "1"]
+
+
+# -- worker_specs ------------------------------------------------------------------------------------
+
+
+GPU_SECTION = {
+    "num_nodes": 2,
+    "node_groups": [{
+        "label": "gpu",
+        "node_ranks": "all",
+        "env_configs": [
+            {"node_ranks": "all", "env_vars": {"SHARED": "1"}},
+            {"node_ranks": 1, "env_vars": {"ONLY_ON_ONE": "yes"}, "python_interpreter_path": "/opt/one/bin/python"},
+        ],
+    }],
+    "component_placement": {"actor": {"node_group": "gpu", "placement": "2-5"}},
+}
+
+
+def test_worker_specs_per_node_env_and_interpreter() -> None:
+    cluster, placements = planned(GPU_SECTION, "actor")
+    specs = worker_specs(cluster, placements, 29500)
+    assert [s.placement for s in specs] == placements
+    assert [s.node for s in specs] == [cluster.nodes[0]] * 2 + [cluster.nodes[1]] * 2
+    assert [dict(s.process_env) for s in specs] == [{"SHARED": "1"}] * 2 + [{"SHARED": "1", "ONLY_ON_ONE": "yes"}] * 2
+    assert [s.python_interpreter_path for s in specs] == [None, None, "/opt/one/bin/python", "/opt/one/bin/python"]
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_worker_specs_env_has_isolation_and_torch_variables(isolate: bool) -> None:
+    cluster, placements = planned(GPU_SECTION, "actor", isolate)
+    specs = worker_specs(cluster, placements, 29500)
+    for spec, placement in zip(specs, placements, strict=True):
+        assert set(spec.env) == TORCH_VARIABLES | {"FAKE_VISIBLE_DEVICES"}
+        assert spec.env["FAKE_VISIBLE_DEVICES"] == placement.env["FAKE_VISIBLE_DEVICES"]
+        assert spec.env == {**placement.env, **torch_env(placement, 4, "fake-node-0", 29500)}
+        assert "SHARED" not in spec.env  # env_configs go to the process, not to env
+    assert [s.env["FAKE_VISIBLE_DEVICES"] for s in specs] == (["2", "3", "0", "1"] if isolate else ["0,1,2,3"] * 4)
+
+
+def test_master_addr_is_rank_zeros_node() -> None:
+    cluster, placements = planned({"num_nodes": 2, "component_placement": {"c": "4-7"}}, "c")
+    assert {p.node_rank for p in placements} == {1}
+    specs = worker_specs(cluster, placements, 4242)
+    assert {(s.env["MASTER_ADDR"], s.env["MASTER_PORT"], s.env["WORLD_SIZE"]) for s in specs} == {
+        ("fake-node-1", "4242", "4")}
+
+
+def test_master_addr_follows_rank_zero_not_the_lowest_node() -> None:
+    cluster = fake_cluster(None, num_nodes=2, accelerators_per_node=4)
+    placements = hwplace.FlexiblePlacementStrategy([[4], [0]]).get_placement(cluster)
+    assert [s.env["MASTER_ADDR"] for s in worker_specs(cluster, placements, 1)] == ["fake-node-1"] * 2
+
+
+def test_worker_specs_for_a_group_unknown_to_the_config() -> None:
+    cluster = fake_cluster(GPU_SECTION, accelerators_per_node=4)
+    placements = hwplace.PackedPlacementStrategy(0, 1, node_group=NodeGroup("adhoc", (1,))).get_placement(cluster)
+    specs = worker_specs(cluster, placements, 1)
+    assert [(dict(s.process_env), s.python_interpreter_path) for s in specs] == [({}, None)] * 2
+    assert [s.env["NODE_RANK"] for s in specs] == ["1", "1"]
+
+
+# -- GroupLauncher.launch: its checks ----------------------------------------------------------------
+
+
+class Adder(Worker):
+    limit = 10
+
+    def add(self, x: int) -> int:
+        return x + self.rank
+
+    def fail(self) -> None:
+        raise ValueError(f"rank {self.rank} failed")
+
+
+@pytest.fixture
+def offline() -> tuple[hwplace.Cluster, hwplace.PlacementStrategy]:
+    section = {"num_nodes": 1, "component_placement": {"c": "0-1"}}
+    cluster = fake_cluster(section, accelerators_per_node=2)
+    return cluster, hwplace.ComponentPlacement({"cluster": section}, cluster).get_strategy("c")
+
+
+def test_launch_refuses_what_is_not_a_cluster(offline: tuple[hwplace.Cluster, hwplace.PlacementStrategy]) -> None:
+    with pytest.raises(ConfigError, match=r"^cluster: \{'num_nodes': 1\} is not a hwplace\.Cluster"):
+        Adder.create_group().launch({"num_nodes": 1}, offline[1], name="g")  # type: ignore[arg-type]
+
+
+def test_launch_refuses_what_is_not_a_strategy(offline: tuple[hwplace.Cluster, hwplace.PlacementStrategy]) -> None:
+    with pytest.raises(PlacementError, match=r"placement_strategy must be a hwplace placement strategy .*got '0-1'"):
+        Adder.create_group().launch(offline[0], "0-1", name="g")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["", "-lead", ".hidden", "with space", "a/b", "x" * 101, "trailing\n", None, 3])
+def test_launch_refuses_bad_group_names(
+    offline: tuple[hwplace.Cluster, hwplace.PlacementStrategy], name: Any
+) -> None:
+    with pytest.raises(ConfigError, match=r"^name: .* is not a usable group name; 1 to 100 letters"):
+        Adder.create_group().launch(offline[0], offline[1], name=name)
+
+
+@pytest.mark.parametrize("name", ["actor", "A.b_c-1", "0", "x" * 100])
+def test_offline_cluster_cannot_launch(offline: tuple[hwplace.Cluster, hwplace.PlacementStrategy], name: str) -> None:
+    with pytest.raises(ConfigError, match=r"^cluster: this cluster was built from a given inventory .* can plan "
+                                          r"but not run workers"):
+        Adder.create_group().launch(offline[0], offline[1], name=name)
+
+
+def test_launcher_copies_its_kwargs() -> None:
+    kwargs = {"a": 1}
+    launcher = GroupLauncher(Adder, (1,), kwargs)
+    kwargs["a"] = 2
+    assert launcher.kwargs == {"a": 1}
+
+
+# -- WorkerGroup over an in-process runtime ----------------------------------------------------------
+
+
+class DoneHandle(Handle):
+    """Results computed at call time; a RemoteFailure becomes the WorkerError an executor raises."""
+
+    def __init__(self, group: str, ranks: Sequence[int], results: list[Any], nodes: Sequence[int]) -> None:
+        self.group, self.ranks, self.results, self.nodes = group, list(ranks), results, nodes
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        for rank, result in zip(self.ranks, self.results, strict=True):
+            if isinstance(result, RemoteFailure):
+                raise result.error("a method", group=self.group, rank=rank, node_rank=self.nodes[rank])
+        return list(self.results)
+
+    def done(self) -> bool:
+        return True
+
+
+class InProcessRuntime(GroupRuntime):
+    """One real worker per placement, hosted in this process with start_worker and called with run_method."""
+
+    def __init__(self, name: str, worker_class: type[Worker], placements: Sequence[hwplace.Placement]) -> None:
+        self.name = name
+        self.nodes = [p.node_rank for p in placements]
+        self.workers = [start_worker(lambda: worker_class, WorkerContext(name, p.rank, len(placements), p, {}), (), {})
+                        for p in placements]
+        self.calls: list[tuple[tuple[int, ...], str]] = []
+        self.shutdowns = 0
+
+    def call(self, ranks: Sequence[int], method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Handle:
+        self.calls.append((tuple(ranks), method))
+        results = [run_method(self.workers[rank], method, args, kwargs) for rank in ranks]  # type: ignore[arg-type]
+        return DoneHandle(self.name, ranks, results, self.nodes)
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+@pytest.fixture
+def group() -> WorkerGroup:
+    placements = tuple(placed("0-7:0-3"))
+    return WorkerGroup("adders", Adder, placements, InProcessRuntime("adders", Adder, placements))
+
+
+def runtime_of(group: WorkerGroup) -> InProcessRuntime:
+    runtime = group._runtime
+    assert isinstance(runtime, InProcessRuntime)
+    return runtime
+
+
+def test_call_reaches_every_rank_in_rank_order(group: WorkerGroup) -> None:
+    assert group.world_size == 4
+    assert group.ranks == (0, 1, 2, 3)
+    assert group.add(10).wait() == [10, 11, 12, 13]
+    assert runtime_of(group).calls == [((0, 1, 2, 3), "add")]
+
+
+def test_execute_on_narrows_to_the_ranks_given_in_order(group: WorkerGroup) -> None:
+    view = group.execute_on(3, 1)
+    assert view.add(0).wait() == [3, 1]
+    assert group.add(0).wait() == [0, 1, 2, 3]  # the group itself is not narrowed
+    assert runtime_of(group).calls == [((3, 1), "add"), ((0, 1, 2, 3), "add")]
+    assert (view.name, view.world_size, view.placements) == (group.name, 4, group.placements)
+
+
+def test_execute_on_needs_a_rank(group: WorkerGroup) -> None:
+    with pytest.raises(WorkerError, match=r"^group 'adders': execute_on needs at least one rank$"):
+        group.execute_on()
+
+
+@pytest.mark.parametrize("rank", [4, -1, True, "1", 1.0, None])
+def test_execute_on_refuses_bad_ranks(group: WorkerGroup, rank: Any) -> None:
+    with pytest.raises(WorkerError, match=r"execute_on got rank .*; the group has ranks 0-3$") as exc:
+        group.execute_on(0, rank)
+    assert exc.value.group == "adders"
+
+
+def test_failing_method_raises_worker_error(group: WorkerGroup) -> None:
+    with pytest.raises(WorkerError, match=r"^group 'adders' rank 2 on node 1: a method raised ValueError: rank 2 "
+                                          r"failed") as exc:
+        group.execute_on(2, 3).fail().wait()
+    assert exc.value.rank == 2
+    assert "in fail" in (exc.value.remote_traceback or "")
+
+
+def test_unknown_method_suggests_a_close_one(group: WorkerGroup) -> None:
+    with pytest.raises(AttributeError, match=r"^Adder has no method 'ad'; did you mean 'add'\?$"):
+        group.ad(1)
+    with pytest.raises(AttributeError, match=r"^Adder has no method 'zzz'$"):
+        group.zzz(1)
+    assert runtime_of(group).calls == []
+
+
+def test_attribute_that_is_not_a_method_is_not_callable(group: WorkerGroup) -> None:
+    with pytest.raises(AttributeError, match=r"^Adder has no method 'limit'"):
+        group.limit()
+
+
+@pytest.mark.parametrize("name", ["_private", "__len__", "__deepcopy__"])
+def test_private_names_are_refused(group: WorkerGroup, name: str) -> None:
+    with pytest.raises(AttributeError, match=f"^{name}$"):
+        getattr(group, name)
+    assert not hasattr(group, name)
+
+
+def test_calls_after_shutdown_raise(group: WorkerGroup) -> None:
+    view = group.execute_on(0)
+    group.shutdown()
+    for target in (group, view, group.execute_on(1)):
+        with pytest.raises(WorkerError, match=r"^group 'adders': cannot call 'add': the group was shut down$"):
+            target.add(1)
+    assert runtime_of(group).calls == []
+
+
+def test_shutting_down_a_view_shuts_down_the_group(group: WorkerGroup) -> None:
+    group.execute_on(1).shutdown()
+    with pytest.raises(WorkerError, match="the group was shut down"):
+        group.add(1)
+    assert runtime_of(group).shutdowns == 1
+
+
+def test_shutdown_is_idempotent(group: WorkerGroup) -> None:
+    group.shutdown()
+    group.shutdown()
+    group.execute_on(0).shutdown()
+    assert runtime_of(group).shutdowns == 1
+
+
+def test_repr(group: WorkerGroup) -> None:
+    assert repr(group) == "<WorkerGroup 'adders': 4 workers of Adder, running>"
+    group.shutdown()
+    assert repr(group) == "<WorkerGroup 'adders': 4 workers of Adder, shut down>"
+    one = WorkerGroup("solo", Adder, group.placements[:1], InProcessRuntime("solo", Adder, group.placements[:1]))
+    assert repr(one) == "<WorkerGroup 'solo': 1 worker of Adder, running>"
