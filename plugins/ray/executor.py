@@ -6,6 +6,7 @@ Ray is imported when a method is called, never when hwplace loads this plugin.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from hwplace_plugins.ray.ranks import RANK_VARIABLE, FoundNode, assign_ranks, no
 if TYPE_CHECKING:
     from types import ModuleType
 
+CONNECT_TIMEOUT = 5.0  # seconds to reach a host:port address before Ray's own, much longer, retries
 STARTUP_ALLOWANCE = 60.0  # seconds a node may take to start the process that runs its detection
 HEAD_RESOURCE = "node:__internal_head__"
 
@@ -37,6 +39,9 @@ def connect(address: str | None) -> ModuleType:
     ray = import_ray()
     if ray.is_initialized():
         return ray
+    target = address or os.environ.get("RAY_ADDRESS") or None
+    if target and target not in ("auto", "local") and "://" not in target:
+        check_reachable(target)
     try:
         ray.init(address=address, log_to_driver=True)
     except (ConnectionError, ValueError, RuntimeError) as exc:
@@ -45,6 +50,20 @@ def connect(address: str | None) -> ModuleType:
                           allowed="'auto' (a running cluster), 'local' (a new one on this machine), "
                           "'host:port' or 'ray://host:port'; leave it out to use a running Ray or start one") from None
     return ray
+
+
+def check_reachable(address: str) -> None:
+    """Fail at once when nothing answers at a ``host:port`` Ray address (Ray itself retries for minutes)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError("cluster.address", f"{address!r} is not host:port",
+                          allowed="'auto', 'local', 'host:port' or 'ray://host:port'")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as exc:
+        raise ConfigError("cluster.address", f"nothing answers at {address} ({exc.strerror or exc})",
+                          allowed="the address of a running Ray head (ray start --head prints it), 'auto' for the "
+                          "one on this machine, or leave it out to start an embedded local Ray") from None
 
 
 class RayExecutor(hwplace.Executor):

@@ -1,0 +1,63 @@
+"""How the Ray executor reaches Ray: addresses checked at once, an embedded local Ray started in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import hwplace
+from hwplace_plugins.ray.executor import check_reachable
+
+pytest.importorskip("ray")
+
+
+def test_a_listening_address_passes() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        check_reachable(f"127.0.0.1:{server.getsockname()[1]}")
+
+
+def test_a_closed_port_fails_at_once() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+    with pytest.raises(hwplace.ConfigError, match=rf"^cluster\.address: nothing answers at 127\.0\.0\.1:{port} "
+                       r"\(Connection refused\); the address of a running Ray head"):
+        check_reachable(f"127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("address", ["head", "head:", ":6379", "head:port"])
+def test_an_address_that_is_not_host_port_is_refused(address: str) -> None:
+    with pytest.raises(hwplace.ConfigError, match=rf"^cluster\.address: '{address}' is not host:port; 'auto', "):
+        check_reachable(address)
+
+
+def run_fresh(code: str) -> dict[str, object]:
+    """Run ``code`` in a new Python process that sees no Ray of this machine, and return the JSON it prints last.
+
+    No ``RAY_ADDRESS``, and a Ray temp folder of its own (kept short: it holds Unix sockets), so that a Ray
+    running beside the tests is neither found nor disturbed.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="hwr", dir="/tmp")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.parametrize("address", [None, "local"])
+def test_without_a_running_ray_an_embedded_one_starts_and_this_machine_is_discovered(address: str | None) -> None:
+    result = run_fresh(
+        "import json, ray, hwplace\n"
+        f"cluster = hwplace.Cluster({{'num_nodes': 1, 'address': {address!r}}})\n"
+        "node = cluster.nodes[0]\n"
+        "print(json.dumps({'ray': ray.is_initialized(), 'id': node.node_id == ray.get_runtime_context().get_node_id(),"
+        " 'kinds': sorted(node.hardware)}))\n")
+    assert result == {"ray": True, "id": True, "kinds": ["node"]}
