@@ -92,8 +92,8 @@ class WorkerSpec:
     """What one worker process is started with.
 
     ``process_env`` (the group's ``env_configs``) and ``python_interpreter_path`` take effect when the process
-    starts; ``env`` (isolation and torch.distributed variables) is set in the process before the worker
-    class is loaded.
+    starts; ``env`` (``process_env`` again, then the isolation and torch.distributed variables) is set in the
+    process before the worker class is loaded, so nothing the runtime changed in between survives.
     """
 
     placement: Placement

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hwplace.config import NodeGroup
 from hwplace.errors import ConfigError, PlacementError, WorkerError
 from hwplace.executor import GroupRequest, GroupRuntime, Handle, WorkerSpec
 from hwplace.wording import did_you_mean, plural, safe_repr
@@ -43,22 +44,29 @@ def torch_env(placement: Placement, world_size: int, master_addr: str, master_po
     }
 
 
-def worker_specs(cluster: Cluster, placements: Sequence[Placement], master_port: int) -> list[WorkerSpec]:
-    """What each worker starts with: its group's ``env_configs`` and interpreter, isolation and torch variables."""
+def worker_specs(
+    cluster: Cluster, placements: Sequence[Placement], master_port: int, groups: Mapping[str, NodeGroup] | None = None
+) -> list[WorkerSpec]:
+    """What each worker starts with: its group's ``env_configs`` and interpreter, isolation and torch variables.
+
+    ``groups`` are the node groups the placements came from, by label (a strategy may hold groups of its
+    own); a label not among them is looked up in the cluster's config.
+    """
     master_addr = cluster.nodes[placements[0].node_rank].address
     specs = []
     for placement in placements:
-        try:
-            group = cluster.config.group(placement.node_group)
-        except ConfigError:  # a NodeGroup given to the strategy directly, unknown to the config
-            process_env: dict[str, str] = {}
-            python = None
-        else:
-            process_env = group.env_vars(placement.node_rank)
-            python = group.python_interpreter_path(placement.node_rank)
-        env = {**placement.env, **torch_env(placement, len(placements), master_addr, master_port)}
+        group = (groups or {}).get(placement.node_group) or cluster.config.group(placement.node_group)
+        process_env = group.env_vars(placement.node_rank)
+        python = group.python_interpreter_path(placement.node_rank)
+        env = {**process_env, **placement.env, **torch_env(placement, len(placements), master_addr, master_port)}
         specs.append(WorkerSpec(placement, cluster.nodes[placement.node_rank], env, process_env, python))
     return specs
+
+
+def strategy_groups(strategy: PlacementStrategy, cluster: Cluster) -> dict[str, NodeGroup]:
+    """The node groups a strategy selects, by label, as it resolves them on ``cluster``."""
+    return {g.label: g for g in (g if isinstance(g, NodeGroup) else cluster.config.group(g)
+                                 for g in strategy.node_group)}
 
 
 class GroupLauncher:
@@ -97,7 +105,7 @@ class GroupLauncher:
         if not placements:
             raise PlacementError(f"group {name!r}: the strategy places no process")
         port = executor.free_port(cluster.nodes[placements[0].node_rank])
-        specs = worker_specs(cluster, placements, port)
+        specs = worker_specs(cluster, placements, port, strategy_groups(placement_strategy, cluster))
         runtime = executor.start_group(GroupRequest(name, self.worker_class, self.args, self.kwargs, specs))
         try:
             _wait_ready(runtime.ready(), name, len(specs))

@@ -12,7 +12,7 @@ import hwplace
 from hwplace import ConfigError, PlacementError, Worker, WorkerError
 from hwplace.config import NodeGroup
 from hwplace.executor import GroupRuntime, Handle
-from hwplace.group import GroupLauncher, WorkerGroup, torch_env, worker_specs
+from hwplace.group import GroupLauncher, WorkerGroup, strategy_groups, torch_env, worker_specs
 from hwplace.testing import fake_cluster
 from hwplace.worker import RemoteFailure, WorkerContext, run_method, start_worker
 
@@ -118,10 +118,10 @@ def test_worker_specs_env_has_isolation_and_torch_variables(isolate: bool) -> No
     cluster, placements = planned(GPU_SECTION, "actor", isolate)
     specs = worker_specs(cluster, placements, 29500)
     for spec, placement in zip(specs, placements, strict=True):
-        assert set(spec.env) == TORCH_VARIABLES | {"FAKE_VISIBLE_DEVICES"}
+        assert set(spec.env) == TORCH_VARIABLES | {"FAKE_VISIBLE_DEVICES"} | set(spec.process_env)
         assert spec.env["FAKE_VISIBLE_DEVICES"] == placement.env["FAKE_VISIBLE_DEVICES"]
-        assert spec.env == {**placement.env, **torch_env(placement, 4, "fake-node-0", 29500)}
-        assert "SHARED" not in spec.env  # env_configs go to the process, not to env
+        assert spec.env == {**spec.process_env, **placement.env, **torch_env(placement, 4, "fake-node-0", 29500)}
+        assert spec.env["SHARED"] == "1"  # env_configs are set again in the process, after the runtime's own
     assert [s.env["FAKE_VISIBLE_DEVICES"] for s in specs] == (["2", "3", "0", "1"] if isolate else ["0,1,2,3"] * 4)
 
 
@@ -141,10 +141,21 @@ def test_master_addr_follows_rank_zero_not_the_lowest_node() -> None:
 
 def test_worker_specs_for_a_group_unknown_to_the_config() -> None:
     cluster = fake_cluster(GPU_SECTION, accelerators_per_node=4)
-    placements = hwplace.PackedPlacementStrategy(0, 1, node_group=NodeGroup("adhoc", (1,))).get_placement(cluster)
-    specs = worker_specs(cluster, placements, 1)
+    strategy = hwplace.PackedPlacementStrategy(0, 1, node_group=NodeGroup("adhoc", (1,)))
+    placements = strategy.get_placement(cluster)
+    specs = worker_specs(cluster, placements, 1, strategy_groups(strategy, cluster))
     assert [(dict(s.process_env), s.python_interpreter_path) for s in specs] == [({}, None)] * 2
     assert [s.env["NODE_RANK"] for s in specs] == ["1", "1"]
+    with pytest.raises(hwplace.ConfigError, match="there is no node group 'adhoc'"):
+        worker_specs(cluster, placements, 1)  # never silently without its env_configs
+
+
+def test_worker_specs_take_env_configs_from_the_strategys_own_groups() -> None:
+    """A ComponentPlacement of another config than the cluster's brings its own groups and their env_configs."""
+    cluster = fake_cluster({"num_nodes": 2}, accelerators_per_node=4)
+    strategy = hwplace.ComponentPlacement({"cluster": GPU_SECTION}, cluster).get_strategy("actor")
+    specs = worker_specs(cluster, strategy.get_placement(cluster), 1, strategy_groups(strategy, cluster))
+    assert [s.process_env.get("SHARED") for s in specs] == ["1"] * 4
 
 
 # -- GroupLauncher.launch: its checks ----------------------------------------------------------------

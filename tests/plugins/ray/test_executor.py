@@ -48,6 +48,9 @@ class Probe(hwplace.Worker):
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                 **{name: os.environ.get(name) for name in names}}
 
+    def visible(self, *names: str) -> list[str | None]:
+        return [os.environ.get(name) for name in names]
+
     def fail(self, rank: int) -> int:
         if self.rank == rank:
             raise ValueError(f"rank {rank} refuses")
@@ -218,6 +221,20 @@ def test_env_configs_apply_per_node_and_two_groups_run_at_once(actor, cluster, p
         trainer.shutdown()
     assert [s["HWPLACE_TEST_GREETING"] for s in seen] == [None, None, "hello from 1", "hello from 1"]
     assert [s["FAKE_VISIBLE_DEVICES"] for s in seen] == ["0,1", "2,3", "0,1", "2,3"]
+
+
+def test_ray_never_overwrites_the_variables_hwplace_sets(cluster) -> None:
+    # Ray's legacy switch makes it blank CUDA_VISIBLE_DEVICES in every process that got no GPU from Ray.
+    legacy = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1", "CUDA_VISIBLE_DEVICES": "2,3"}
+    group = {"label": "cuda-env", "node_ranks": "0-1", "env_configs": [{"node_ranks": "0-1", "env_vars": legacy}]}
+    cfg = {"cluster": {"num_nodes": 2, "node_groups": [group],
+                       "component_placement": {"w": {"node_group": "cuda-env", "placement": "0-1"}}}}
+    group = Probe.create_group().launch(cluster, hwplace.ComponentPlacement(cfg, cluster).get_strategy("w"), name="w")
+    try:
+        seen = group.visible("CUDA_VISIBLE_DEVICES", "FAKE_VISIBLE_DEVICES").wait()
+    finally:
+        group.shutdown()
+    assert seen == [["2,3", "0"], ["2,3", "1"]]
 
 
 def test_a_group_interpreter_starts_the_workers(hwplace_local_ray: LocalRay, tmp_path: Path) -> None:
