@@ -4,7 +4,12 @@ Each cluster has N nodes of 8 fake accelerators (G = 8N) and three components:
 ``actor: all`` (G processes), ``rollout: 0-(G-1):0-(2G-1)`` (2G processes, two per accelerator) and
 ``env`` on group ``node`` with 16 processes per node (16N processes).
 
-Run: python benchmarks/plan_scaling.py [--nodes 16,64,256,1024] [--repeat 5]
+``plan s`` times ``ComponentPlacement(cfg, cluster)``, which checks every process; ``+placements s`` also
+asks every component's strategy for its ``Placement`` records, which is what a launch consumes, and is
+what RLinf 0.3.0 is timed doing on the same inventory (``benchmarks/rlinf_baseline.py``), when it is
+installed, up to ``--rlinf-max-nodes`` (its planning grows with the square of the processes).
+
+Run: python benchmarks/plan_scaling.py [--nodes 16,64,256,1024] [--repeat 5] [--rlinf-max-nodes 256]
 """
 
 from __future__ import annotations
@@ -12,8 +17,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
-from hwplace import ComponentPlacement
+import rlinf_baseline  # beside this script: RLinf's side, which imports RLinf only when it is used
+
+from hwplace import Cluster, ComponentPlacement
 from hwplace.testing import fake_cluster
 
 ACCELERATORS_PER_NODE = 8
@@ -32,24 +40,50 @@ def config(num_nodes: int) -> dict[str, object]:
     }}
 
 
+def plan_and_place(cfg: dict[str, object], cluster: Cluster) -> None:
+    plan = ComponentPlacement(cfg, cluster)
+    for name in plan.components:
+        plan.get_strategy(name).get_placement(cluster)
+
+
+def median_seconds(repeat: int, work: Callable[..., object], *args: object) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        work(*args)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default="16,64,256,1024", help="comma-separated node counts")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per size (the median is shown)")
+    parser.add_argument("--rlinf-max-nodes", type=int, default=256, help="largest cluster RLinf is timed on")
     args = parser.parse_args()
-    print(f"{'nodes':>6} {'accels':>7} {'processes':>10} {'plan s':>9} {'proc/s':>11} {'us/proc':>8}")
+    rlinf = rlinf_baseline.RLINF_VERSION
+    print(f"rlinf {rlinf}" if rlinf else f"RLinf column left out: {rlinf_baseline.RLINF_MISSING_REASON}")
+    print(f"{'nodes':>6} {'accels':>7} {'processes':>10} {'plan s':>9} {'us/proc':>8} {'+placements s':>14}"
+          + (f" {'rlinf s':>9} {'rlinf/hwplace':>14}" if rlinf else ""))
     for num_nodes in (int(n) for n in args.nodes.split(",")):
         cfg = config(num_nodes)
         cluster = fake_cluster(cfg["cluster"], accelerators_per_node=ACCELERATORS_PER_NODE)
-        times = []
-        for _ in range(args.repeat):
-            start = time.perf_counter()
-            plan = ComponentPlacement(cfg, cluster)
-            times.append(time.perf_counter() - start)
-        seconds = statistics.median(times)
+        plan = ComponentPlacement(cfg, cluster)
         processes = sum(plan.get_world_size(name) for name in plan.components)
-        print(f"{num_nodes:>6} {num_nodes * ACCELERATORS_PER_NODE:>7} {processes:>10} {seconds:>9.4f} "
-              f"{processes / seconds:>11,.0f} {1e6 * seconds / processes:>8.2f}")
+        seconds = median_seconds(args.repeat, ComponentPlacement, cfg, cluster)
+        placed = median_seconds(args.repeat, plan_and_place, cfg, cluster)
+        row = (f"{num_nodes:>6} {num_nodes * ACCELERATORS_PER_NODE:>7} {processes:>10} {seconds:>9.4f} "
+               f"{1e6 * seconds / processes:>8.2f} {placed:>14.4f}")
+        if rlinf and num_nodes <= args.rlinf_max_nodes:
+            theirs, their_processes = rlinf_baseline.plan_seconds(
+                num_nodes, ACCELERATORS_PER_NODE, cfg["cluster"]["component_placement"],  # type: ignore[index]
+                repeat=args.repeat if num_nodes < 256 else 1)
+            if their_processes != processes:
+                raise SystemExit(f"RLinf planned {their_processes} processes, hwplace {processes}: not comparable")
+            row += f" {theirs:>9.4f} {theirs / placed:>14.1f}"
+        elif rlinf:
+            row += f" {'skipped':>9}"
+        print(row, flush=True)
 
 
 if __name__ == "__main__":
