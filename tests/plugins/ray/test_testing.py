@@ -1,0 +1,49 @@
+"""hwplace.testing.local_ray_cluster and the pytest plugin, around the session's local Ray cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import hwplace
+from hwplace.pytest_plugin import LocalRay
+from hwplace.testing import local_ray_cluster
+
+ray = pytest.importorskip("ray")
+
+
+def test_the_session_cluster_has_the_configured_shape(hwplace_local_ray: LocalRay) -> None:
+    assert (hwplace_local_ray.num_nodes, hwplace_local_ray.accelerators_per_node) == (2, 4)
+    assert ray.is_initialized()
+    assert len([n for n in ray.nodes() if n["Alive"]]) == 2
+
+
+def test_a_second_local_cluster_in_a_connected_process_is_refused(hwplace_local_ray: LocalRay) -> None:
+    with pytest.raises(hwplace.ConfigError, match="local_ray_cluster: this process is already connected to Ray"), \
+            local_ray_cluster():
+        pass
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"num_nodes": 0}, r"num_nodes: must be an integer from 1 to"),
+    ({"accelerators_per_node": [1, 2, 3]}, r"accelerators_per_node: gives 3 counts for num_nodes=2"),
+    ({"accelerators_per_node": -1}, r"accelerators_per_node: -1 is not a count"),
+    ({"cpus_per_node": 0}, r"cpus_per_node: must be a positive integer"),
+])
+def test_bad_shapes_are_refused_before_ray_starts(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(hwplace.ConfigError, match=message), local_ray_cluster(**kwargs):  # type: ignore[arg-type]
+        pass
+
+
+def test_the_pytest_plugin_loads_without_importing_ray() -> None:
+    code = "import sys, hwplace.pytest_plugin; print('ray' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_the_pytest_plugin_is_registered_for_any_suite() -> None:
+    from importlib.metadata import entry_points
+
+    assert [ep.value for ep in entry_points(group="pytest11") if ep.name == "hwplace"] == ["hwplace.pytest_plugin"]
