@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import bisect
-import contextlib
-import gc
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hwplace.cluster import Cluster
@@ -14,7 +12,7 @@ from hwplace.config import ClusterConfig, ComponentSpec, NodeGroup, cluster_sect
 from hwplace.errors import ConfigError, PlacementError
 from hwplace.grammar import ResolvedEntry, parse_placement, resolve_placement
 from hwplace.loading import load_config
-from hwplace.placement import Placement, build_placements
+from hwplace.placement import Placement, build_placements, gc_paused
 from hwplace.resources import ResourceSpace, resource_space
 from hwplace.strategies import FlexiblePlacementStrategy, NodePlacementStrategy, PlacementStrategy
 from hwplace.wording import did_you_mean, plural, safe_repr
@@ -44,7 +42,7 @@ class ComponentPlacement:
         self._lists: dict[str, tuple[list[Sequence[int]], bool, list[NodeGroup]]] = {}
         self._placements: dict[str, list[Placement]] = {}
         spaces: dict[tuple[str, ...], ResourceSpace] = {}
-        with _gc_paused():  # tens of thousands of small records: collections would make planning superlinear
+        with gc_paused():  # tens of thousands of small records: collections would make planning superlinear
             for spec in self.config.components.values():
                 self._place(spec, spaces)
 
@@ -93,8 +91,10 @@ class ComponentPlacement:
         self._known(name)
         if name not in self._strategies:
             lists, node_kind, groups = self._lists[name]
-            self._strategies[name] = (NodePlacementStrategy([ids[0] for ids in lists], node_group=groups)
-                                      if node_kind else FlexiblePlacementStrategy(lists, node_group=groups))
+            strategy = (NodePlacementStrategy([ids[0] for ids in lists], node_group=groups)
+                        if node_kind else FlexiblePlacementStrategy(lists, node_group=groups))
+            strategy.planned = (self.cluster, tuple(self._placements[name]))
+            self._strategies[name] = strategy
         return self._strategies[name]
 
     def get_world_size(self, name: str) -> int:
@@ -111,17 +111,6 @@ class ComponentPlacement:
         """The configured node groups and placement string of component ``name``."""
         self._known(name)
         return self.config.components[name]
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _entry_span(resolved: list[ResolvedEntry], rank: int | None) -> tuple[int, int] | None:

@@ -8,7 +8,7 @@ from typing import Any
 from hwplace.cluster import Cluster
 from hwplace.config import NodeGroup
 from hwplace.errors import PlacementError
-from hwplace.placement import Placement, build_placements
+from hwplace.placement import Placement, build_placements, gc_paused
 from hwplace.resources import ResourceSpace, resource_space
 from hwplace.wording import safe_repr
 
@@ -28,6 +28,8 @@ class PlacementStrategy:
 
     default_group = "cluster"
     nodes_only = False
+    planned: tuple[Cluster, tuple[Placement, ...]] | None = None
+    """The placements ``ComponentPlacement`` already made with this strategy (isolated), and on which cluster."""
 
     def __init__(self, node_group: GroupSelection = None) -> None:
         if node_group is None:
@@ -56,8 +58,11 @@ class PlacementStrategy:
         """One :class:`Placement` per process, in rank order."""
         if not isinstance(isolate_accelerator, bool):
             raise PlacementError(f"isolate_accelerator must be True or False, got {safe_repr(isolate_accelerator)}")
-        space = self.resource_space(cluster)
-        return build_placements(cluster, space, self.resource_lists(space), isolate_accelerator)
+        if isolate_accelerator and self.planned is not None and self.planned[0] is cluster:
+            return list(self.planned[1])
+        with gc_paused():
+            space = self.resource_space(cluster)
+            return build_placements(cluster, space, self.resource_lists(space), isolate_accelerator)
 
     def resource_lists(self, space: ResourceSpace) -> Sequence[Sequence[int]]:
         """The resource ranks of each process."""

@@ -764,3 +764,23 @@ def test_robots_whose_detection_failed_say_why() -> None:
         place(section, hwplace.Cluster(section, nodes=nodes))
     assert info.value.component == "env"
     assert "same config" not in str(info.value)
+
+
+def test_a_components_strategy_hands_back_what_component_placement_planned() -> None:
+    cfg = {"cluster": {"num_nodes": 2, "component_placement": {"actor": "0-3:0-7", "env": {
+        "node_group": "node", "placement": "0-1:0-3"}}}}
+    cluster = hwplace.testing.fake_cluster(cfg["cluster"], accelerators_per_node=4)
+    plan = hwplace.ComponentPlacement(cfg, cluster)
+    for name in plan.components:
+        strategy = plan.get_strategy(name)
+        planned = strategy.get_placement(cluster)
+        assert planned == plan.get_placements(name)
+        assert strategy.get_placement(cluster) is not planned  # a fresh list each time
+        assert planned[0] is plan.get_placements(name)[0]  # the records themselves are reused, not rebuilt
+        strategy.planned = None
+        assert strategy.get_placement(cluster) == planned  # rebuilt: the same placements
+    other = hwplace.testing.fake_cluster(cfg["cluster"], accelerators_per_node=4)
+    actor = plan.get_strategy("actor")
+    assert actor.get_placement(other)[0] is not plan.get_placements("actor")[0]  # another cluster: placed anew
+    assert [p.visible_accelerators for p in actor.get_placement(cluster, isolate_accelerator=False)][:2] == [
+        (0, 1, 2, 3), (0, 1, 2, 3)]

@@ -9,6 +9,7 @@ import os
 import socket
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import hwplace
@@ -66,6 +67,11 @@ def check_reachable(address: str) -> None:
                           "one on this machine, or leave it out to start an embedded local Ray") from None
 
 
+def _summary(hardware: dict[str, Any]) -> str:
+    """``"8 fake-accelerator, 1 fake-robot"``: what a node has besides itself, for the nodes table."""
+    return ", ".join(f"{len(devices)} {name}" for name, devices in sorted(hardware.items()) if name != "node")
+
+
 class RayExecutor(hwplace.Executor):
     """Runs workers as Ray actors, each pinned to its node."""
 
@@ -92,45 +98,38 @@ class RayExecutor(hwplace.Executor):
 
     def discover(self, config: ClusterConfig, plugin_manager: PluginManager) -> list[Node]:
         ray = connect(config.address)
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        def pinned(node_id: str) -> Any:
-            return NodeAffinitySchedulingStrategy(node_id, soft=False)
-
-        alive = [n for n in ray.nodes() if n.get("Alive")]
-        inspect = self.remote("inspect_node")
-        refs = [inspect.options(scheduling_strategy=pinned(n["NodeID"])).remote({}) for n in alive]
-        answers = self._answers(ray, refs, [FoundNode(n["NodeID"], n["NodeManagerAddress"],
-                                                      HEAD_RESOURCE in n.get("Resources", {})) for n in alive])
-        found = []
-        for info, (env_rank, hostname, hardware, _) in zip(alive, answers, strict=True):
-            label = (info.get("Labels") or {}).get(RANK_VARIABLE)
-            summary = ", ".join(f"{len(d)} {t}" for t, d in sorted(hardware.items()) if t != "node")
-            found.append(FoundNode(info["NodeID"], info["NodeManagerAddress"], HEAD_RESOURCE in info["Resources"],
-                                   label, env_rank, hostname, summary))
-        ranked = assign_ranks(found)
+        seen = [FoundNode(n["NodeID"], n["NodeManagerAddress"], HEAD_RESOURCE in n.get("Resources", {}),
+                          label_rank=(n.get("Labels") or {}).get(RANK_VARIABLE))
+                for n in ray.nodes() if n.get("Alive")]
+        answers = dict(zip((f.node_id for f in seen), self._probe(ray, seen, [{}] * len(seen)), strict=True))
+        ranked = assign_ranks([replace(f, env_rank=answers[f.node_id][0], hostname=answers[f.node_id][1],
+                                       hardware_summary=_summary(answers[f.node_id][2])) for f in seen])
         if config.num_nodes > len(ranked):
             raise ConfigError("cluster.num_nodes", f"asks for {config.num_nodes} nodes but Ray has "
                               f"{len(ranked)} alive", allowed=f"start more nodes, or lower num_nodes\n"
                               f"{nodes_table(ranked)}")
-        by_id = dict(zip((n["NodeID"] for n in alive), answers, strict=True))
-        nodes = [Node(f.rank or 0, f.node_id, f.address, by_id[f.node_id][2], by_id[f.node_id][3])
-                 for f in ranked[: config.num_nodes]]
-        declared = {node.rank: config.declared_configs(node.rank) for node in nodes}
-        with_devices = [node for node in nodes if declared[node.rank]]
+        used = ranked[: config.num_nodes]  # in rank order: a node's position is its rank
+        # The devices a config declares are detected on their own node, once its rank is known.
+        declared = [config.declared_configs(rank) for rank in range(len(used))]
+        with_devices = [rank for rank, configs in enumerate(declared) if configs]
         if with_devices:
-            refs = [inspect.options(scheduling_strategy=pinned(n.node_id)).remote(declared[n.rank])
-                    for n in with_devices]
-            probed = [next(f for f in ranked if f.node_id == n.node_id) for n in with_devices]
-            for node, (_, _, hardware, problems) in zip(with_devices, self._answers(ray, refs, probed), strict=True):
-                nodes[node.rank] = Node(node.rank, node.node_id, node.address, hardware, problems)
-        return nodes
+            probed = self._probe(ray, [used[r] for r in with_devices], [declared[r] for r in with_devices])
+            answers.update((used[r].node_id, answer) for r, answer in zip(with_devices, probed, strict=True))
+        return [Node(rank, f.node_id, f.address, answers[f.node_id][2], answers[f.node_id][3])
+                for rank, f in enumerate(used)]
 
-    @staticmethod
-    def _answers(ray: ModuleType, refs: Sequence[Any], nodes: Sequence[FoundNode]) -> list[Any]:
-        """The results of one probe per node, or a ``ConfigError`` naming the nodes that did not answer."""
+    def _probe(self, ray: ModuleType, nodes: Sequence[FoundNode], declared: Sequence[Any]) -> list[Any]:
+        """Run ``probe.inspect_node`` on each node (pinned there, all at once) with its declared configs.
+
+        A node that does not answer in time, or whose probe fails, is a ``ConfigError`` with the table.
+        """
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        inspect = self.remote("inspect_node")
+        refs = [inspect.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False))
+                .remote(configs) for n, configs in zip(nodes, declared, strict=True)]
         timeout = detect_timeout() + STARTUP_ALLOWANCE
-        _ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+        _ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
         if pending:
             silent = [node for ref, node in zip(refs, nodes, strict=True) if ref in set(pending)]
             for ref in pending:
