@@ -180,6 +180,7 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         raise ConfigError("--node-rank", "needs --config: it picks which node's declared devices to detect")
     found, problems = detect_node_hardware(declared, manager=manager)
     backends = manager.backends()
+    executors = manager.executors()
     notes = []
     if args.config is not None:
         notes.append(f"devices {args.config} declares for node {node_rank} were detected here"
@@ -194,6 +195,8 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                           "devices": [dataclasses.asdict(d) for d in found.get(b.name, ())],
                           "problem": problems.get(b.name)}
                          for b in backends.values()],
+            "executors": [{"name": name, "plugin": e.plugin, "distribution": e.distribution}
+                          for name, e in executors.items()],
             "problems": [f"{what}: {why}" for what, why in problems.items()],
             "notes": notes,
         }, out, indent=2, default=safe_repr)
@@ -202,6 +205,9 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     rows = [["backend", "kind", "plugin", "distribution", "devices here"]]
     rows += [[b.name, b.kind, b.plugin, b.distribution, str(len(found.get(b.name, ())))] for b in backends.values()]
     _table(rows, out)
+    out.write("\n")
+    _table([["executor", "plugin", "distribution"]]
+           + [[name, e.plugin, e.distribution] for name, e in executors.items()], out)
     for name, devices in found.items():
         out.write(f"\n{name}:\n")
         for d in devices:

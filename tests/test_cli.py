@@ -217,6 +217,7 @@ def test_hardware_lists_backends_with_their_distribution(monkeypatch, fresh_mana
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
     assert rows["fake-accelerator"][1:] == ["accelerator", "fake", "hwplace", "2"]
     assert rows["node"][1:] == ["node", "node", "hwplace", "1"]
+    assert rows["ray"][1:] == ["ray", "hwplace"]  # the executors, with their plugin and distribution
     assert "hwplace fake accelerator" in out
 
 
@@ -225,6 +226,7 @@ def test_hardware_json_detects_the_devices_a_config_declares() -> None:
     assert code == 0
     robots = next(b for b in json.loads(out)["backends"] if b["name"] == "fake-robot")
     assert [d["properties"]["name"] for d in robots["devices"]] == ["arm-0"]
+    assert json.loads(out)["executors"] == [{"name": "ray", "plugin": "ray", "distribution": "hwplace"}]
 
 
 def test_console_script_and_module_entry_points() -> None:
