@@ -61,3 +61,10 @@ def test_without_a_running_ray_an_embedded_one_starts_and_this_machine_is_discov
         "print(json.dumps({'ray': ray.is_initialized(), 'id': node.node_id == ray.get_runtime_context().get_node_id(),"
         " 'kinds': sorted(node.hardware)}))\n")
     assert result == {"ray": True, "id": True, "kinds": ["node"]}
+
+
+def test_without_ray_installed_the_error_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets where Ray is not installed
+    with pytest.raises(hwplace.ConfigError, match=r"^cluster\.executor: the Ray executor needs Ray, which is not "
+                       r"installed \(.*\); pip install 'hwplace\[ray\]'$"):
+        hwplace.Cluster({"num_nodes": 1})
