@@ -226,8 +226,8 @@ def test_env_configs_apply_per_node_and_two_groups_run_at_once(actor, cluster, p
 def test_ray_never_overwrites_the_variables_hwplace_sets(cluster) -> None:
     # Ray's legacy switch makes it blank CUDA_VISIBLE_DEVICES in every process that got no GPU from Ray.
     legacy = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1", "CUDA_VISIBLE_DEVICES": "2,3"}
-    group = {"label": "cuda-env", "node_ranks": "0-1", "env_configs": [{"node_ranks": "0-1", "env_vars": legacy}]}
-    cfg = {"cluster": {"num_nodes": 2, "node_groups": [group],
+    cuda_env = {"label": "cuda-env", "node_ranks": "0-1", "env_configs": [{"node_ranks": "0-1", "env_vars": legacy}]}
+    cfg = {"cluster": {"num_nodes": 2, "node_groups": [cuda_env],
                        "component_placement": {"w": {"node_group": "cuda-env", "placement": "0-1"}}}}
     group = Probe.create_group().launch(cluster, hwplace.ComponentPlacement(cfg, cluster).get_strategy("w"), name="w")
     try:
