@@ -63,12 +63,6 @@ def worker_specs(
     return specs
 
 
-def strategy_groups(strategy: PlacementStrategy, cluster: Cluster) -> dict[str, NodeGroup]:
-    """The node groups a strategy selects, by label, as it resolves them on ``cluster``."""
-    return {g.label: g for g in (g if isinstance(g, NodeGroup) else cluster.config.group(g)
-                                 for g in strategy.node_group)}
-
-
 class GroupLauncher:
     """A worker class and its constructor arguments, ready to ``launch`` as a group."""
 
@@ -105,7 +99,8 @@ class GroupLauncher:
         if not placements:
             raise PlacementError(f"group {name!r}: the strategy places no process")
         port = executor.free_port(cluster.nodes[placements[0].node_rank])
-        specs = worker_specs(cluster, placements, port, strategy_groups(placement_strategy, cluster))
+        groups = {g.label: g for g in placement_strategy.groups(cluster)}
+        specs = worker_specs(cluster, placements, port, groups)
         runtime = executor.start_group(GroupRequest(name, self.worker_class, self.args, self.kwargs, specs))
         try:
             _wait_ready(runtime.ready(), name, len(specs))

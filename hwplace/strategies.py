@@ -49,10 +49,13 @@ class PlacementStrategy:
         if not self.node_group:
             raise PlacementError("node_group names no group")
 
+    def groups(self, cluster: Cluster) -> list[NodeGroup]:
+        """The node groups this strategy selects, resolved on ``cluster`` (labels looked up in its config)."""
+        return [g if isinstance(g, NodeGroup) else cluster.config.group(g) for g in self.node_group]
+
     def resource_space(self, cluster: Cluster) -> ResourceSpace:
         """The resources this strategy's ids index on ``cluster``."""
-        groups = [g if isinstance(g, NodeGroup) else cluster.config.group(g) for g in self.node_group]
-        return resource_space(cluster, groups, nodes_only=self.nodes_only)
+        return resource_space(cluster, self.groups(cluster), nodes_only=self.nodes_only)
 
     def get_placement(self, cluster: Cluster, isolate_accelerator: bool = True) -> list[Placement]:
         """One :class:`Placement` per process, in rank order."""

@@ -12,7 +12,7 @@ import hwplace
 from hwplace import ConfigError, PlacementError, Worker, WorkerError
 from hwplace.config import NodeGroup
 from hwplace.executor import GroupRuntime, Handle
-from hwplace.group import GroupLauncher, WorkerGroup, strategy_groups, torch_env, worker_specs
+from hwplace.group import GroupLauncher, WorkerGroup, torch_env, worker_specs
 from hwplace.testing import fake_cluster
 from hwplace.worker import RemoteFailure, WorkerContext, run_method, start_worker
 
@@ -143,7 +143,7 @@ def test_worker_specs_for_a_group_unknown_to_the_config() -> None:
     cluster = fake_cluster(GPU_SECTION, accelerators_per_node=4)
     strategy = hwplace.PackedPlacementStrategy(0, 1, node_group=NodeGroup("adhoc", (1,)))
     placements = strategy.get_placement(cluster)
-    specs = worker_specs(cluster, placements, 1, strategy_groups(strategy, cluster))
+    specs = worker_specs(cluster, placements, 1, {g.label: g for g in strategy.groups(cluster)})
     assert [(dict(s.process_env), s.python_interpreter_path) for s in specs] == [({}, None)] * 2
     assert [s.env["NODE_RANK"] for s in specs] == ["1", "1"]
     with pytest.raises(hwplace.ConfigError, match="there is no node group 'adhoc'"):
@@ -154,7 +154,7 @@ def test_worker_specs_take_env_configs_from_the_strategys_own_groups() -> None:
     """A ComponentPlacement of another config than the cluster's brings its own groups and their env_configs."""
     cluster = fake_cluster({"num_nodes": 2}, accelerators_per_node=4)
     strategy = hwplace.ComponentPlacement({"cluster": GPU_SECTION}, cluster).get_strategy("actor")
-    specs = worker_specs(cluster, strategy.get_placement(cluster), 1, strategy_groups(strategy, cluster))
+    specs = worker_specs(cluster, strategy.get_placement(cluster), 1, {g.label: g for g in strategy.groups(cluster)})
     assert [s.process_env.get("SHARED") for s in specs] == ["1"] * 4
 
 
