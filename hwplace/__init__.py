@@ -25,7 +25,7 @@ from hwplace.errors import (
 )
 from hwplace.executor import Executor, Handle
 from hwplace.group import WorkerGroup
-from hwplace.hardware import Device, HardwareBackend
+from hwplace.hardware import Device, HardwareBackend, NoDevices
 from hwplace.loading import load_config
 from hwplace.placement import Placement
 from hwplace.plugin_manager import PluginManager, get_plugin_manager
@@ -57,6 +57,7 @@ __all__ = [
     "Handle",
     "HardwareBackend",
     "HwplaceError",
+    "NoDevices",
     "Node",
     "NodeGroup",
     "NodePlacementStrategy",

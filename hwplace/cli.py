@@ -18,7 +18,7 @@ from hwplace.config import MAX_NODES, cluster_section, parse_cluster_config
 from hwplace.errors import ConfigError, HwplaceError, PlacementError
 from hwplace.loading import load_config
 from hwplace.placement import Placement
-from hwplace.plugin_manager import get_plugin_manager
+from hwplace.plugin_manager import PluginManager, get_plugin_manager
 from hwplace.testing import FAKE_ACCELERATOR, fake_cluster
 from hwplace.wording import plural, ranks_text, safe_repr
 
@@ -166,6 +166,13 @@ def _node_rank(args: argparse.Namespace, num_nodes: int) -> int:
     return int(raw)
 
 
+def _why_none(manager: PluginManager, name: str, declared: Mapping[str, Any]) -> str | None:
+    """The reason a backend gave for finding nothing here (``NoDevices``), from the cached detection."""
+    if manager.backends()[name].kind == "device" and name not in declared:
+        return None
+    return manager.detect(name, declared.get(name, ())).absent
+
+
 def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     manager = get_plugin_manager()
     declared: dict[str, list[Mapping[str, Any]]] = {}
@@ -181,6 +188,8 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     found, problems = detect_node_hardware(declared, manager=manager)
     backends = manager.backends()
     executors = manager.executors()
+    absent = {name: why for name in backends if not found.get(name) and name not in problems
+              and (why := _why_none(manager, name, declared))}
     notes = []
     if args.config is not None:
         notes.append(f"devices {args.config} declares for node {node_rank} were detected here"
@@ -193,7 +202,7 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             "node_rank": node_rank,
             "backends": [{"name": b.name, "kind": b.kind, "plugin": b.plugin, "distribution": b.distribution,
                           "devices": [dataclasses.asdict(d) for d in found.get(b.name, ())],
-                          "problem": problems.get(b.name)}
+                          "problem": problems.get(b.name), "why_none": absent.get(b.name)}
                          for b in backends.values()],
             "executors": [{"name": name, "plugin": e.plugin, "distribution": e.distribution}
                           for name, e in executors.items()],
@@ -203,7 +212,9 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         out.write("\n")
         return 0
     rows = [["backend", "kind", "plugin", "distribution", "devices here"]]
-    rows += [[b.name, b.kind, b.plugin, b.distribution, str(len(found.get(b.name, ())))] for b in backends.values()]
+    rows += [[b.name, b.kind, b.plugin, b.distribution,
+              f"0: {absent[b.name]}" if b.name in absent else str(len(found.get(b.name, ())))]
+             for b in backends.values()]
     _table(rows, out)
     out.write("\n")
     _table([["executor", "plugin", "distribution"]]

@@ -45,6 +45,23 @@ class Device:
         object.__setattr__(self, "properties", freeze(self.properties, "Device.properties"))
 
 
+class NoDevices(list):  # type: ignore[type-arg]
+    """What ``detect`` returns when there is no such hardware here: an empty list that says why.
+
+    ``return hwplace.NoDevices("pynvml is not installed: pip install 'hwplace[cuda]'")``. It is not an
+    error: placement sees no devices, and ``hwplace hardware`` shows the reason.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        if not isinstance(reason, str):
+            raise TypeError(f"NoDevices(reason) takes a string, got {safe_repr(reason)}")
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return NoDevices, (self.reason,)
+
+
 class HardwareBackend:
     """Base class of every hardware backend; subclass it in your plugin.
 
@@ -59,7 +76,7 @@ class HardwareBackend:
     kind: ClassVar[Kind] = "accelerator"
 
     def detect(self, configs: Sequence[Mapping[str, Any]]) -> list[Device]:
-        """Run on the node; return its devices, or ``[]`` when there are none.
+        """Run on the node; return its devices, or ``[]`` (``NoDevices(reason)``) when there are none.
 
         For ``device`` backends ``configs`` holds this node's ``hardware.configs`` entries, and the device
         at position i answers entry i. For the other kinds it is empty.

@@ -26,7 +26,7 @@ from hwplace import hookspecs
 from hwplace.errors import PluginError
 from hwplace.executor import Executor, check_executor
 from hwplace.frozen import freeze
-from hwplace.hardware import Device, HardwareBackend, check_backend
+from hwplace.hardware import Device, HardwareBackend, NoDevices, check_backend
 from hwplace.wording import did_you_mean, safe_repr
 
 ENTRY_POINT_GROUP = "hwplace"
@@ -83,6 +83,7 @@ class Detection:
     devices: tuple[Device, ...] = ()
     error: str | None = None
     seconds: float = 0.0
+    absent: str | None = None  # why there are no devices, when the backend said (``NoDevices(reason)``)
 
 
 def _env_flag(name: str) -> bool:
@@ -425,6 +426,8 @@ def _checked(name: str, kind: str, devices: Any, configs: Sequence[Mapping[str, 
         return fail(f"detect returned device indexes {indexes}; expected 0..n-1 in order")
     if kind == "device" and len(devices) != len(configs):
         return fail(f"detect returned {len(devices)} devices for {len(configs)} configs")
+    if isinstance(devices, NoDevices) and not devices:
+        return Detection(name, seconds=seconds, absent=devices.reason)
     return Detection(name, devices=tuple(devices), seconds=seconds)
 
 

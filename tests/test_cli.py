@@ -335,3 +335,31 @@ def test_any_nodes_text_plans_or_exits_2_naming_the_option(spec: str) -> None:
     if code == 2:
         assert err.startswith("hwplace: error: "), err
         assert "Traceback" not in err
+
+
+class AbsentTPU(hwplace.HardwareBackend):
+    name = "absent-tpu"
+    kind = "accelerator"
+
+    def detect(self, configs):
+        return hwplace.NoDevices("libtpu is not installed: pip install 'absent-tpu[driver]'")
+
+
+class AbsentTPUPlugin:
+    @hwplace.hookimpl
+    def hwplace_hardware_backends(self):
+        return [AbsentTPU()]
+
+
+def test_hardware_says_why_a_backend_found_nothing(fresh_manager) -> None:
+    fresh_manager()
+    with registered_plugin(AbsentTPUPlugin()):
+        code, out, err = run("hardware")
+        assert code == 0
+        assert "absent-tpu        accelerator" in out
+        assert "0: libtpu is not installed: pip install 'absent-tpu[driver]'" in out
+        assert "absent-tpu" not in err  # finding nothing is not a problem
+        code, out, _ = run("hardware", "--json")
+        entry = next(b for b in json.loads(out)["backends"] if b["name"] == "absent-tpu")
+        assert (entry["devices"], entry["problem"], entry["why_none"]) == (
+            [], None, "libtpu is not installed: pip install 'absent-tpu[driver]'")

@@ -260,3 +260,31 @@ def test_any_json_like_properties_freeze_pickle_and_serialise(properties: dict[s
     assert json.loads(json.dumps(device.properties)) == thaw(properties)
     assert pickle.loads(pickle.dumps(device)) == device
     hash(device)
+
+
+def test_no_devices_is_an_empty_list_that_says_why_and_pickles() -> None:
+    none = hwplace.NoDevices("no driver here")
+    assert isinstance(none, list)
+    assert none == []
+    again = pickle.loads(pickle.dumps(none))
+    assert (type(again), again.reason, again) == (hwplace.NoDevices, "no driver here", [])
+    with pytest.raises(TypeError, match=r"NoDevices\(reason\) takes a string, got 3"):
+        hwplace.NoDevices(3)  # type: ignore[arg-type]
+
+
+def test_a_detection_keeps_the_reason_a_backend_gave_for_finding_nothing() -> None:
+    class Absent(hwplace.HardwareBackend):
+        name = "absent"
+
+        def detect(self, configs):
+            return hwplace.NoDevices("nothing plugged in")
+
+    class Plugin:
+        @hwplace.hookimpl
+        def hwplace_hardware_backends(self):
+            return [Absent()]
+
+    manager = hwplace.PluginManager(load_entry_points=False)
+    manager.register(Plugin(), name="absent-plugin")
+    detection = manager.detect("absent")
+    assert (detection.devices, detection.error, detection.absent) == ((), None, "nothing plugged in")
