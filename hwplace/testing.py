@@ -1,4 +1,6 @@
-"""Helpers for testing hwplace and hwplace plugins: offline clusters and throwaway plugin registration."""
+"""Helpers for testing hwplace and hwplace plugins: offline clusters, a local Ray cluster, throwaway plugin
+registration, and ``BackendConformance``, the conformance kit for backend authors (it imports pytest, so
+it is loaded when first used)."""
 
 from __future__ import annotations
 
@@ -202,3 +204,11 @@ def _clash(manager: PluginManager, registered: str) -> str | None:
             raise
         return others[0]
     return None
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("BackendConformance", "ODD_CONFIGS"):  # the kit needs pytest: loaded on first use only
+        from hwplace import conformance
+
+        return getattr(conformance, name)
+    raise AttributeError(f"module 'hwplace.testing' has no attribute {name!r}")

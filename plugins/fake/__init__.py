@@ -25,8 +25,9 @@ class FakeAccelerator(hwplace.HardwareBackend):
 
     def detect(self, configs: Sequence[Mapping[str, Any]]) -> list[hwplace.Device]:
         raw = os.environ.get(COUNT_VARIABLE, "").strip()
-        if not raw:
-            return []
+        if not raw or raw == "0":
+            return hwplace.NoDevices(f"{COUNT_VARIABLE} is {'0' if raw else 'not set'} on this node: set it to a "
+                                     "count to give the node fake accelerators")
         if not (raw.isascii() and raw.isdigit() and len(raw) <= 6 and int(raw) <= MAX_ACCELERATORS):
             raise ValueError(f"{COUNT_VARIABLE} must be an integer from 0 to {MAX_ACCELERATORS}, got {raw[:20]!r}")
         host = socket.gethostname()
