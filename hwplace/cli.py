@@ -16,6 +16,7 @@ from hwplace.cluster import Cluster, detect_node_hardware
 from hwplace.component import ComponentPlacement
 from hwplace.config import MAX_NODES, cluster_section, parse_cluster_config
 from hwplace.errors import ConfigError, HwplaceError, PlacementError
+from hwplace.hardware import Device
 from hwplace.loading import load_config
 from hwplace.placement import Placement
 from hwplace.plugin_manager import PluginManager, get_plugin_manager
@@ -166,6 +167,17 @@ def _node_rank(args: argparse.Namespace, num_nodes: int) -> int:
     return int(raw)
 
 
+IDENTITY_KEYS = ("uuid", "physical_id", "port", "url", "name", "hostname")
+"""Device properties that say which device it is, shown first by ``hwplace hardware``."""
+
+
+def _device_row(device: Device) -> list[str]:
+    identity = [f"{k}={device.properties[k]}" for k in IDENTITY_KEYS if k in device.properties]
+    details = [f"{k}={v}" for k, v in device.properties.items() if k not in IDENTITY_KEYS]
+    health = "healthy" if device.healthy else f"UNHEALTHY: {device.reason}"
+    return [str(device.index), device.model, health, " ".join(identity) or "-", " ".join(details)]
+
+
 def _why_none(manager: PluginManager, name: str, declared: Mapping[str, Any]) -> str | None:
     """The reason a backend gave for finding nothing here (``NoDevices``), from the cached detection."""
     if manager.backends()[name].kind == "device" and name not in declared:
@@ -221,10 +233,7 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
            + [[name, e.plugin, e.distribution] for name, e in executors.items()], out)
     for name, devices in found.items():
         out.write(f"\n{name}:\n")
-        for d in devices:
-            health = "healthy" if d.healthy else f"UNHEALTHY: {d.reason}"
-            props = " ".join(f"{k}={v}" for k, v in d.properties.items())
-            out.write(f"  {d.index}  {d.model}  {health}  {props}".rstrip() + "\n")
+        _table([["index", "model", "health", "identity", "details"]] + [_device_row(d) for d in devices], out)
     for note in notes:
         out.write(f"\nnote: {note}\n")
     for what, why in problems.items():

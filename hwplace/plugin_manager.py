@@ -227,7 +227,7 @@ class PluginManager:
 
     def _guarded(self, plugin: object, name: str) -> object:
         """A stand-in for ``plugin`` whose plain hook implementations never raise and record what they return."""
-        proxy = types.SimpleNamespace()
+        proxy = _Guarded(name)
         for attr in dir(plugin):
             if not attr.startswith(f"{ENTRY_POINT_GROUP}_"):
                 continue
@@ -398,6 +398,17 @@ class PluginManager:
     def _trace(self, message: str) -> None:
         if self.tracing:
             print(f"hwplace trace: {message}", file=sys.stderr, flush=True)
+
+
+class _Guarded:
+    """What pluggy registers in a plugin's place; one per plugin, equal only to itself (unlike a namespace:
+    two plugins without hooks must not look like one plugin registered twice)."""
+
+    def __init__(self, name: str) -> None:
+        self._plugin_name = name
+
+    def __repr__(self) -> str:
+        return f"<guarded plugin {self._plugin_name!r}>"
 
 
 P = TypeVar("P", bound=Provided[Any])

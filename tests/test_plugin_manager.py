@@ -559,3 +559,11 @@ def test_builtin_plugins_use_only_the_public_api() -> None:
         text = source.read_text().replace("from hwplace.executor import", "")
         assert "from hwplace." not in text, source
         assert "import hwplace." not in text, source
+
+
+def test_two_plugins_without_hooks_are_two_plugins() -> None:
+    manager = PluginManager(load_entry_points=False)
+    manager.register(object(), name="first")
+    manager.register(object(), name="second")
+    assert set(manager.plugins()) == {"first", "second"}
+    assert manager.failures == []
