@@ -8,7 +8,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hwplace.cluster import Cluster, Node
 from hwplace.config import MAX_NODES, parse_cluster_config
@@ -204,6 +204,10 @@ def _clash(manager: PluginManager, registered: str) -> str | None:
             raise
         return others[0]
     return None
+
+
+if TYPE_CHECKING:  # what the lazy __getattr__ below hands out, as type checkers should see it
+    from hwplace.conformance import ODD_CONFIGS, BackendConformance  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

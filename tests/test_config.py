@@ -734,7 +734,7 @@ def test_hardware_type_unknown_suggests() -> None:
 def test_hardware_type_node_is_refused_with_hint() -> None:
     error = fails(hw_cluster({"type": "node"}), f"{HW}.type", "no hardware backend is named 'node'")
     assert "ignore_hardware: true" in str(error)
-    assert "registered types: fake-accelerator, fake-robot" in str(error)
+    assert "registered types: cuda, fake-accelerator, fake-robot, npu, serial-robot" in str(error)
 
 
 @pytest.mark.parametrize("hardware", [{}, {"type": 3}, {"configs": [{"node_rank": 0}]}])

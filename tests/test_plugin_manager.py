@@ -61,13 +61,16 @@ class Plugin:
         return self.backends
 
 
+BUILTIN_KINDS = {"node": "node", "fake-accelerator": "accelerator", "fake-robot": "device",
+                 "cuda": "accelerator", "npu": "accelerator", "serial-robot": "device"}
+
+
 def test_builtin_plugins_register_through_entry_points() -> None:
     manager = PluginManager()
-    assert manager.plugins() == {"node": "hwplace", "fake": "hwplace", "ray": "hwplace"}
+    assert manager.plugins() == dict.fromkeys(["node", "fake", "ray", "cuda", "npu", "serial"], "hwplace")
     assert manager.executors()["ray"].distribution == "hwplace"
     backends = manager.backends()
-    assert {name: info.kind for name, info in backends.items()} == {
-        "node": "node", "fake-accelerator": "accelerator", "fake-robot": "device"}
+    assert {name: info.kind for name, info in backends.items()} == BUILTIN_KINDS
     assert backends["fake-robot"].plugin == "fake"
     assert backends["fake-robot"].distribution == "hwplace"
 
@@ -131,7 +134,7 @@ def test_disabled_plugins_are_not_loaded(monkeypatch, fresh_manager) -> None:
     monkeypatch.setenv("HWPLACE_DISABLED_PLUGINS", "fake, other")
     manager = fresh_manager()
     assert "fake" not in manager.plugins()
-    assert set(manager.backends()) == {"node"}
+    assert set(manager.backends()) == set(BUILTIN_KINDS) - {"fake-accelerator", "fake-robot"}
     with pytest.raises(hwplace.ConfigError, match="'fake-accelerator' is not a registered accelerator backend"):
         fake_cluster(num_nodes=1, accelerators_per_node=2)
 
@@ -274,8 +277,8 @@ def test_a_hook_wrapper_sees_every_result_and_may_add_to_them() -> None:
     wrapper = Wrapping()
     manager.register(wrapper, name="wrapping")
     backends = manager.backends()
-    assert wrapper.seen == [["fake-accelerator", "fake-robot", "node"]]
-    assert set(backends) == {"node", "fake-accelerator", "fake-robot", "extra"}
+    assert wrapper.seen == [sorted(BUILTIN_KINDS)]
+    assert set(backends) == {*BUILTIN_KINDS, "extra"}
     assert backends["extra"].plugin == "(a hook wrapper)"
     assert backends["fake-robot"].plugin == "fake"
     assert manager.failures == []
