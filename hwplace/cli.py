@@ -181,7 +181,7 @@ def _device_row(device: Device) -> list[str]:
 def _why_none(manager: PluginManager, name: str, declared: Mapping[str, Any]) -> str | None:
     """The reason a backend gave for finding nothing here (``NoDevices``), from the cached detection."""
     if manager.backends()[name].kind == "device" and name not in declared:
-        return None
+        return "its devices are declared in a config's hardware.configs: add --config job.yaml"
     return manager.detect(name, declared.get(name, ())).absent
 
 
@@ -215,7 +215,7 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             "backends": [{"name": b.name, "kind": b.kind, "plugin": b.plugin, "distribution": b.distribution,
                           "devices": [dataclasses.asdict(d) for d in found.get(b.name, ())],
                           "problem": problems.get(b.name), "why_none": absent.get(b.name)}
-                         for b in backends.values()],
+                         for b in sorted(backends.values(), key=lambda b: b.name)],
             "executors": [{"name": name, "plugin": e.plugin, "distribution": e.distribution}
                           for name, e in executors.items()],
             "problems": [f"{what}: {why}" for what, why in problems.items()],
@@ -226,7 +226,7 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     rows = [["backend", "kind", "plugin", "distribution", "devices here"]]
     rows += [[b.name, b.kind, b.plugin, b.distribution,
               f"0: {absent[b.name]}" if b.name in absent else str(len(found.get(b.name, ())))]
-             for b in backends.values()]
+             for b in sorted(backends.values(), key=lambda b: b.name)]
     _table(rows, out)
     out.write("\n")
     _table([["executor", "plugin", "distribution"]]

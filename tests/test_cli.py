@@ -218,6 +218,10 @@ def test_hardware_lists_backends_with_their_distribution(monkeypatch, fresh_mana
     assert rows["fake-accelerator"][1:] == ["accelerator", "fake", "hwplace", "2"]
     assert rows["node"][1:] == ["node", "node", "hwplace", "1"]
     assert rows["ray"][1:] == ["ray", "hwplace"]  # the executors, with their plugin and distribution
+    assert " ".join(rows["fake-robot"][4:]) == "0: its devices are declared in a config's hardware.configs: add " \
+        "--config job.yaml"
+    names = [line.split()[0] for line in out.split("\n\n")[0].splitlines()[1:]]
+    assert names == sorted(names)
     assert "hwplace fake accelerator" in out
 
 
