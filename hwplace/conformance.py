@@ -39,7 +39,7 @@ ODD_CONFIGS: tuple[Any, ...] = (
 class BackendConformance:
     """Subclass as ``Test<Something>`` and set ``plugin`` and ``backend_name`` (and ``configs`` for devices)."""
 
-    plugin: ClassVar[object] = None
+    plugin: Any = None  # not a ClassVar: type checkers then accept a module assigned in the subclass
     backend_name: ClassVar[str] = ""
     configs: ClassVar[Sequence[Mapping[str, Any]]] = ()
 

@@ -207,7 +207,8 @@ def _clash(manager: PluginManager, registered: str) -> str | None:
 
 
 if TYPE_CHECKING:  # what the lazy __getattr__ below hands out, as type checkers should see it
-    from hwplace.conformance import ODD_CONFIGS, BackendConformance  # noqa: F401
+    from hwplace.conformance import ODD_CONFIGS as ODD_CONFIGS
+    from hwplace.conformance import BackendConformance as BackendConformance
 
 
 def __getattr__(name: str) -> Any:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import ClassVar
 
 import pytest
 
@@ -113,5 +112,5 @@ def test_detection_is_quick(monkeypatch) -> None:
 class TestCudaConformanceHere(BackendConformance):
     """hwplace's conformance kit on this machine's real NVML: GPUs where there are some, the reason where not."""
 
-    plugin: ClassVar[object] = hwplace_plugins.cuda
+    plugin = hwplace_plugins.cuda
     backend_name = "cuda"

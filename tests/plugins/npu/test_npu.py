@@ -8,7 +8,6 @@ import shlex
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 
@@ -517,7 +516,7 @@ def test_the_backend_is_registered_through_its_entry_point() -> None:
 class TestNpuConformanceOnARecordedBox(BackendConformance):
     """hwplace's conformance kit, with a fake npu-smi of the eight-chip box first on PATH."""
 
-    plugin: ClassVar[object] = npu
+    plugin = npu
     backend_name = "npu"
 
     @pytest.fixture(autouse=True)

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import ClassVar
 
 import pytest
 
@@ -86,5 +85,5 @@ def test_isolation_leaves_a_process_exactly_its_own_chip(here: list[hwplace.Devi
 class TestRealNpuConformance(BackendConformance):
     """hwplace's conformance kit on this machine: real NPUs where present, the reason for none where not."""
 
-    plugin: ClassVar[object] = npu
+    plugin = npu
     backend_name = "npu"

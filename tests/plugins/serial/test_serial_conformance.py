@@ -10,7 +10,7 @@ from hwplace_plugins import serial
 
 
 class TestSerialRobot(BackendConformance):
-    plugin: ClassVar[object] = serial
+    plugin = serial
     backend_name = "serial-robot"
     configs: ClassVar[Sequence[Mapping[str, Any]]] = (
         {"name": "left", "url": "loop://", "baudrate": 115200, "handshake": {"send": "PING\\n", "expect": "PING"}},
