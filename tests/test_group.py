@@ -3,7 +3,9 @@ WorkerGroup's dispatch over a small in-process executor runtime."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import io
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -11,9 +13,9 @@ import pytest
 import hwplace
 from hwplace import ConfigError, PlacementError, Worker, WorkerError
 from hwplace.config import NodeGroup
-from hwplace.executor import GroupRuntime, Handle
+from hwplace.executor import GroupRequest, GroupRuntime, Handle
 from hwplace.group import GroupLauncher, WorkerGroup, torch_env, worker_specs
-from hwplace.testing import fake_cluster
+from hwplace.testing import fake_cluster, registered_plugin
 from hwplace.worker import RemoteFailure, WorkerContext, run_method, start_worker
 
 TORCH_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"}
@@ -345,3 +347,213 @@ def test_repr(group: WorkerGroup) -> None:
     assert repr(group) == "<WorkerGroup 'adders': 4 workers of Adder, shut down>"
     one = WorkerGroup("solo", Adder, group.placements[:1], InProcessRuntime("solo", Adder, group.placements[:1]))
     assert repr(one) == "<WorkerGroup 'solo': 1 worker of Adder, running>"
+
+
+# -- GroupLauncher.launch over an in-process executor plugin ------------------------------------------
+
+
+class SlowReady(Handle):
+    """The constructors' handle: answers after ``polls`` timed-out waits, or raises a constructor's failure."""
+
+    def __init__(self, runtime: LaunchedRuntime, polls: int) -> None:
+        self.runtime, self.polls = runtime, polls
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        if timeout is not None and self.polls > 0:
+            self.polls -= 1
+            raise TimeoutError("still starting")
+        for spec, outcome in zip(self.runtime.request.workers, self.runtime.workers, strict=True):
+            if isinstance(outcome, RemoteFailure):
+                raise outcome.error("the constructor", group=self.runtime.request.name, rank=spec.placement.rank,
+                                    node_rank=spec.placement.node_rank)
+        return [None] * len(self.runtime.workers)
+
+    @property
+    def num_done(self) -> int:
+        return len(self.runtime.workers) // 2
+
+
+class LaunchedRuntime(InProcessRuntime):
+    def __init__(self, request: GroupRequest, polls: int) -> None:
+        self.request = request
+        self.name = request.name
+        self.nodes = [s.placement.node_rank for s in request.workers]
+        self.workers = [start_worker(lambda: request.worker_class,
+                                     WorkerContext(request.name, s.placement.rank, len(request.workers),
+                                                   s.placement, s.env), request.args, request.kwargs)
+                        for s in request.workers]
+        self.calls, self.shutdowns, self.polls = [], 0, polls
+
+    def ready(self) -> Handle:
+        return SlowReady(self, self.polls)
+
+
+class InProcessExecutor(hwplace.Executor):
+    """Nodes from an offline inventory; workers hosted in this process. Records what launch asked of it."""
+
+    name = "in-process"
+
+    def __init__(self) -> None:
+        self.ports: list[str] = []
+        self.started: list[LaunchedRuntime] = []
+        self.polls = 0
+
+    def discover(self, config: Any, plugin_manager: Any) -> list[hwplace.Node]:
+        return list(fake_cluster(config, accelerators_per_node=4, plugin_manager=plugin_manager).nodes)
+
+    def free_port(self, node: hwplace.Node) -> int:
+        self.ports.append(node.node_id)
+        return 29400 + node.rank
+
+    def start_group(self, request: GroupRequest) -> GroupRuntime:
+        runtime = LaunchedRuntime(request, self.polls)
+        self.started.append(runtime)
+        return runtime
+
+
+class InProcessPlugin:
+    def __init__(self) -> None:
+        self.executor = InProcessExecutor()
+
+    @hwplace.hookimpl
+    def hwplace_executors(self) -> list[hwplace.Executor]:
+        return [self.executor]
+
+
+class Greeter(Worker):
+    def __init__(self, greeting: str, *, punctuation: str = "!") -> None:
+        if greeting == "boom" and self.rank == 1:
+            raise RuntimeError("rank 1 cannot greet")
+        self.text = f"{greeting} from {self.rank}{punctuation}"
+
+    def greet(self) -> str:
+        return self.text
+
+
+LAUNCH_SECTION = {
+    "num_nodes": 2, "executor": "in-process",
+    "node_groups": [{"label": "gpus", "node_ranks": "0-1",
+                     "env_configs": [{"node_ranks": 1, "env_vars": {"ONLY_ON_ONE": "yes"},
+                                      "python_interpreter_path": "/opt/py"}]}],
+    "component_placement": {"greeters": {"node_group": "gpus", "placement": "5-7"}},
+}
+
+
+@pytest.fixture
+def launching() -> Iterator[tuple[InProcessExecutor, hwplace.Cluster, hwplace.PlacementStrategy]]:
+    plugin = InProcessPlugin()
+    with registered_plugin(plugin, name="in-process-plugin"):
+        cluster = hwplace.Cluster(LAUNCH_SECTION)
+        strategy = hwplace.ComponentPlacement({"cluster": LAUNCH_SECTION}, cluster).get_strategy("greeters")
+        yield plugin.executor, cluster, strategy
+
+
+def test_launch_asks_the_executor_with_every_workers_spec(launching: Any) -> None:
+    executor, cluster, strategy = launching
+    group = Greeter.create_group("hi", punctuation="?").launch(cluster, strategy, name="greeters")
+    assert group.greet().wait() == ["hi from 0?", "hi from 1?", "hi from 2?"]
+    assert (group.name, group.worker_class, group.world_size) == ("greeters", Greeter, 3)
+    assert group.placements == tuple(strategy.get_placement(cluster))
+    assert executor.ports == [cluster.nodes[1].node_id]  # MASTER_PORT is picked on rank 0's node
+    request = executor.started[0].request
+    assert (request.name, request.worker_class, request.args, dict(request.kwargs)) == (
+        "greeters", Greeter, ("hi",), {"punctuation": "?"})
+    assert [s.node for s in request.workers] == [cluster.nodes[1]] * 3
+    assert [dict(s.process_env) for s in request.workers] == [{"ONLY_ON_ONE": "yes"}] * 3
+    assert [s.python_interpreter_path for s in request.workers] == ["/opt/py"] * 3
+    assert [s.env["MASTER_PORT"] for s in request.workers] == ["29401"] * 3
+    assert [s.env["FAKE_VISIBLE_DEVICES"] for s in request.workers] == ["1", "2", "3"]
+    assert executor.started[0].shutdowns == 0
+
+
+def test_launch_without_isolation_shows_every_accelerator(launching: Any) -> None:
+    executor, cluster, strategy = launching
+    Greeter.create_group("hi").launch(cluster, strategy, name="open", isolate_accelerator=False)
+    assert {s.env["FAKE_VISIBLE_DEVICES"] for s in executor.started[0].request.workers} == {"0,1,2,3"}
+
+
+def test_a_failed_constructor_stops_the_group_and_names_its_rank(launching: Any) -> None:
+    executor, cluster, strategy = launching
+    with pytest.raises(WorkerError, match=r"^group 'greeters' rank 1 on node 1: the constructor raised "
+                                          r"RuntimeError: rank 1 cannot greet"):
+        Greeter.create_group("boom").launch(cluster, strategy, name="greeters")
+    assert executor.started[0].shutdowns == 1
+
+
+class NoProcesses(hwplace.PlacementStrategy):
+    """A strategy of one's own that places nothing (the built-in ones refuse an empty list when made)."""
+
+    def resource_lists(self, space: Any) -> list[list[int]]:
+        return []
+
+
+def test_a_strategy_placing_nothing_is_refused(launching: Any) -> None:
+    executor, cluster, _ = launching
+    with pytest.raises(PlacementError, match=r"^group 'empty': the strategy places no process$"):
+        Greeter.create_group("hi").launch(cluster, NoProcesses(), name="empty")
+    assert executor.started == []
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("count", "shown"), [(7, False), (8, True)])
+def test_launch_shows_progress_on_a_terminal_from_eight_workers(
+    launching: Any, monkeypatch: pytest.MonkeyPatch, count: int, shown: bool
+) -> None:
+    executor, cluster, _ = launching
+    executor.polls = 2
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    strategy = hwplace.NodePlacementStrategy([0] * count)
+    Greeter.create_group("hi").launch(cluster, strategy, name=f"g{count}")
+    lines = terminal.getvalue().split("\r")
+    if not shown:
+        assert terminal.getvalue() == ""
+        return
+    assert lines[1:] == [
+        f"hwplace: launching group 'g8': {count // 2}/8 workers ready (0 s)",
+        f"hwplace: launching group 'g8': {count // 2}/8 workers ready (0 s)",
+        "hwplace: launched group 'g8': 8/8 workers ready (0.0 s)\n",
+    ]
+
+
+def test_a_failed_constructor_ends_the_progress_line(launching: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    executor, cluster, _ = launching
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with pytest.raises(WorkerError, match="rank 1 cannot greet"):
+        Greeter.create_group("boom").launch(cluster, hwplace.NodePlacementStrategy([0] * 8), name="g")
+    assert terminal.getvalue() == "\n"
+    assert executor.started[0].shutdowns == 1
+
+
+def test_rank_zero_s_node_picks_the_port_and_the_strategy_s_own_groups_give_the_env(launching: Any) -> None:
+    executor, _, _ = launching
+    cluster = hwplace.Cluster({"num_nodes": 2, "executor": "in-process"})  # its config knows no group 'gpus'
+    cfg = {"cluster": {**LAUNCH_SECTION, "component_placement": {"across": {"node_group": "gpus",
+                                                                            "placement": "3-4"}}}}
+    strategy = hwplace.ComponentPlacement(cfg, cluster).get_strategy("across")
+    Greeter.create_group("hi").launch(cluster, strategy, name="across")
+    assert executor.ports == [cluster.nodes[0].node_id]  # rank 0 is on node 0, rank 1 on node 1
+    workers = executor.started[0].request.workers
+    assert [s.placement.node_rank for s in workers] == [0, 1]
+    assert [dict(s.process_env) for s in workers] == [{}, {"ONLY_ON_ONE": "yes"}]
+
+
+def test_a_bad_name_is_quoted(offline: tuple[hwplace.Cluster, hwplace.PlacementStrategy]) -> None:
+    with pytest.raises(ConfigError, match=r"^name: 'with space' is not a usable group name"):
+        Adder.create_group().launch(offline[0], offline[1], name="with space")
+
+
+def test_a_bad_rank_is_quoted(group: WorkerGroup) -> None:
+    with pytest.raises(WorkerError, match=r"execute_on got rank 7; the group has ranks 0-3$"):
+        group.execute_on(7)
+
+
+@pytest.mark.parametrize("name", ["limt", "init"])
+def test_only_public_methods_are_suggested(group: WorkerGroup, name: str) -> None:
+    with pytest.raises(AttributeError, match=rf"^Adder has no method '{name}'$"):
+        getattr(group, name)

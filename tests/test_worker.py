@@ -67,9 +67,9 @@ class Adder(Worker):
     def _hidden(self) -> None:
         self.hidden_called = True
 
-    async def add_later(self, x: int) -> int:
+    async def add_later(self, x: int, *, extra: int = 0) -> int:
         await asyncio.sleep(0)
-        return x + self.rank
+        return x + self.rank + extra
 
     async def fail_later(self) -> None:
         await asyncio.sleep(0)
@@ -220,7 +220,7 @@ def test_log_helpers_put_group_rank_and_node_in_front() -> None:
     try:
         worker.log_debug("step %d", 1)
         worker.log_info("loss %.1f", 0.5)
-        worker.log_warning("slow")
+        worker.log_warning("slow: %d s", 3)
         worker.log_error("failed: %s", "x")
     finally:
         logger.removeHandler(handler)
@@ -228,7 +228,7 @@ def test_log_helpers_put_group_rank_and_node_in_front() -> None:
     assert [(r.levelname, r.getMessage()) for r in handler.records] == [
         ("DEBUG", "[train rank 3 node 1] step 1"),
         ("INFO", "[train rank 3 node 1] loss 0.5"),
-        ("WARNING", "[train rank 3 node 1] slow"),
+        ("WARNING", "[train rank 3 node 1] slow: 3 s"),
         ("ERROR", "[train rank 3 node 1] failed: x"),
     ]
     assert worker.logger.logger is logger
@@ -240,7 +240,7 @@ def test_log_helpers_write_to_stderr_in_a_worker(capsys: pytest.CaptureFixture[s
     worker = started(rank=0)
     worker.log_info("hello")
     worker.log_debug("not shown at the default level")
-    assert "INFO [train rank 0 node 0] hello" in capsys.readouterr().err
+    assert capsys.readouterr().err == "INFO [train rank 0 node 0] hello\n"  # once: not passed on to the root logger
 
 
 # -- find_method, run_method and run_method_async ----------------------------------------------------
@@ -299,6 +299,7 @@ def test_run_method_on_an_unknown_method_is_a_failure() -> None:
 
 def test_run_method_async_returns_the_result() -> None:
     assert asyncio.run(run_method_async(started(), "add_later", (4,), {})) == 7
+    assert asyncio.run(run_method_async(started(), "add_later", (4,), {"extra": 10})) == 17
 
 
 def test_run_method_async_error_comes_back_as_a_failure() -> None:
