@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import pytest
 
-from hwplace.hardware import KINDS, PLUGIN_NAME, Device, HardwareBackend, NoDevices, check_backend
-from hwplace.plugin_manager import PluginManager, detect_timeout
+from hwplace.hardware import KINDS, PLUGIN_NAME, Device, HardwareBackend, check_backend
+from hwplace.plugin_manager import Detection, PluginManager, detect_timeout
 from hwplace.strategies import PackedPlacementStrategy
 from hwplace.testing import fake_cluster
 
@@ -59,14 +58,17 @@ class BackendConformance:
         return manager.backend(self.backend_name).backend
 
     @pytest.fixture
-    def detected(self, backend: HardwareBackend) -> list[Device]:
-        """What ``detect`` returns on this machine, called directly (within the detect time bound)."""
-        result, error = _bounded(backend.detect, list(self._configs(backend)))
-        if error is not None:
-            pytest.fail(f"{self.backend_name}.detect raised {error!r}; a backend reports what it finds, "
-                        "unhealthy devices with a reason, or NoDevices(reason) — it never raises")
-        assert isinstance(result, list), f"detect returned {result!r}, not a list"
-        return result
+    def detection(self, manager: PluginManager, backend: HardwareBackend) -> Detection:
+        """``detect`` on this machine, run as hwplace runs it: bounded in time, its result checked."""
+        detection = manager.detect(self.backend_name, self._configs(backend), refresh=True)
+        if detection.error is not None:
+            pytest.fail(f"{self.backend_name}: {detection.error}; a backend reports what it finds, unhealthy "
+                        "devices with a reason, or NoDevices(reason) — it never raises or hangs")
+        return detection
+
+    @pytest.fixture
+    def detected(self, detection: Detection) -> list[Device]:
+        return list(detection.devices)
 
     def _configs(self, backend: HardwareBackend) -> Sequence[Mapping[str, Any]]:
         return list(self.configs) if backend.kind == "device" else []
@@ -89,7 +91,7 @@ class BackendConformance:
     def test_detect_finishes_within_its_time_bound_and_returns_devices(
         self, manager: PluginManager, backend: HardwareBackend
     ) -> None:
-        detection = manager.detect(self.backend_name, self._configs(backend))
+        detection = manager.detect(self.backend_name, self._configs(backend), refresh=True)
         assert detection.error is None, f"detect failed here: {detection.error}"
         assert detection.seconds < detect_timeout()
 
@@ -104,15 +106,17 @@ class BackendConformance:
             assert device.model, f"device {device.index} has no model"
             assert device.healthy or device.reason, f"unhealthy device {device.index} gives no reason"
 
-    def test_none_here_says_why(self, backend: HardwareBackend, detected: list[Device]) -> None:
-        if detected or backend.kind == "device":
-            pytest.skip(f"{len(detected)} {self.backend_name} device(s) here")
-        if not isinstance(detected, NoDevices) or not detected.reason.strip():
+    def test_none_here_says_why(self, backend: HardwareBackend, detection: Detection) -> None:
+        if detection.devices or backend.kind == "device":
+            pytest.skip(f"{len(detection.devices)} {self.backend_name} device(s) here")
+        if not (detection.absent or "").strip():
             pytest.fail("detect found nothing without saying why: return hwplace.NoDevices('the reason')")
 
-    def test_detection_is_stable(self, backend: HardwareBackend, detected: list[Device]) -> None:
-        again, error = _bounded(backend.detect, list(self._configs(backend)))
-        assert error is None
+    def test_detection_is_stable(self, manager: PluginManager, backend: HardwareBackend,
+                                 detected: list[Device]) -> None:
+        rerun = manager.detect(self.backend_name, self._configs(backend), refresh=True)
+        assert rerun.error is None
+        again = rerun.devices
         assert [d.index for d in again] == [d.index for d in detected]
         assert [d.properties for d in again if d.healthy] == [d.properties for d in detected if d.healthy]
 
@@ -174,25 +178,6 @@ class BackendConformance:
     def test_the_sample_configs_are_accepted(self, backend: HardwareBackend) -> None:
         for config in self._configs(backend):
             backend.check_config(config)
-
-
-def _bounded(call: Any, *args: Any) -> tuple[Any, BaseException | None]:
-    """``call(*args)`` within the detect time bound: (result, None), (None, exception), or a test failure."""
-    box: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            box.append(call(*args))
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(detect_timeout())
-    if thread.is_alive():
-        pytest.fail(f"detect did not finish within {detect_timeout():g} s (HWPLACE_DETECT_TIMEOUT)")
-    return (None, errors[0]) if errors else (box[0], None)
 
 
 __all__ = ["ODD_CONFIGS", "BackendConformance"]
