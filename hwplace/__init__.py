@@ -9,6 +9,7 @@ from __future__ import annotations
 import pluggy
 
 from hwplace import testing
+from hwplace.channel import Channel, ChannelHandle
 from hwplace.cluster import Cluster, Node
 from hwplace.component import ComponentPlacement
 from hwplace.config import ClusterConfig, NodeGroup, parse_cluster_config
@@ -16,6 +17,7 @@ from hwplace.errors import (
     ChannelClosed,
     ChannelEmpty,
     ChannelFull,
+    ChannelLost,
     ChannelTimeout,
     ConfigError,
     HwplaceError,
@@ -43,9 +45,12 @@ hookimpl = pluggy.HookimplMarker("hwplace")
 """Marks a function of a hwplace plugin as a hook implementation."""
 
 __all__ = [
+    "Channel",
     "ChannelClosed",
     "ChannelEmpty",
     "ChannelFull",
+    "ChannelHandle",
+    "ChannelLost",
     "ChannelTimeout",
     "Cluster",
     "ClusterConfig",

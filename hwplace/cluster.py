@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from hwplace.config import ClusterConfig, parse_cluster_config
 from hwplace.errors import ConfigError, PluginError
+from hwplace.executor import set_current_executor
 from hwplace.frozen import FrozenDict
 from hwplace.hardware import Device, HardwareBackend
 from hwplace.plugin_manager import PluginManager, get_plugin_manager
@@ -129,6 +130,7 @@ class Cluster:
                               "anything use hwplace.testing.fake_cluster or Cluster.this_machine") from None
         nodes = list(executor.discover(config, self.plugin_manager))
         self._executor = executor
+        set_current_executor(executor)
         return nodes
 
     def executor(self) -> Executor:

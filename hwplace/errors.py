@@ -141,3 +141,7 @@ class ChannelFull(HwplaceError, queue.Full):
 
 class ChannelTimeout(HwplaceError, TimeoutError):
     """A channel operation did not complete within its timeout."""
+
+
+class ChannelLost(HwplaceError, ConnectionError):
+    """The process hosting a channel is gone (it died, or its node did); the channel's items are lost with it."""

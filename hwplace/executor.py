@@ -8,15 +8,18 @@ module is the whole interface for writing one: subclass :class:`Executor` (and :
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
+import pickle
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from hwplace.errors import ConfigError
 from hwplace.hardware import PLUGIN_NAME, Device
 from hwplace.wording import safe_repr
 from hwplace.worker import RemoteFailure, WorkerContext, run_method, run_method_async, start_worker
 
 if TYPE_CHECKING:
+    from hwplace.channel_server import ChannelServer
     from hwplace.cluster import Node
     from hwplace.config import ClusterConfig
     from hwplace.placement import Placement
@@ -24,19 +27,31 @@ if TYPE_CHECKING:
     from hwplace.worker import Worker
 
 __all__ = [
+    "ChannelAddress",
+    "ChannelServer",
     "Executor",
     "GroupRequest",
     "GroupRuntime",
     "Handle",
+    "ObjectStore",
     "RemoteFailure",
     "WorkerContext",
     "WorkerSpec",
+    "current_executor",
     "detect_here",
     "detect_timeout",
     "run_method",
     "run_method_async",
     "start_worker",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ChannelServer":  # imported on use: it needs asyncio, which plain planning does not
+        from hwplace.channel_server import ChannelServer
+
+        return ChannelServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def detect_here(
@@ -129,6 +144,43 @@ class GroupRuntime:
         """Stop every worker and free the group's name."""
         raise NotImplementedError(f"{type(self).__name__}.shutdown")
 
+class ObjectStore:
+    """How a channel's payloads travel; an executor subclasses it. Instances must pickle.
+
+    Items pickle with :meth:`dumps` and travel inside the channel's messages, except large ones: those go
+    by :meth:`stash` into the executor's object store, handed to the channel's host, and the message carries
+    only their key; the consumer gets them back with :meth:`fetch`.
+    """
+
+    def dumps(self, item: Any, buffer_callback: Callable[[pickle.PickleBuffer], Any]) -> bytes:
+        """Pickle ``item`` (protocol 5, large buffers out of band through ``buffer_callback``)."""
+        return pickle.dumps(item, protocol=5, buffer_callback=buffer_callback)
+
+    def stash(self, item: Any) -> bytes:
+        """Put ``item`` in the object store, held by the channel's host; returns its 16-byte key."""
+        raise NotImplementedError(f"{type(self).__name__}.stash")
+
+    def fetch(self, keys: Sequence[bytes]) -> list[Any]:
+        """Take the stashed items of ``keys`` from the channel's host, in order."""
+        raise NotImplementedError(f"{type(self).__name__}.fetch")
+
+
+@dataclass(frozen=True)
+class ChannelAddress:
+    """Where a channel's host serves (a :class:`ChannelServer`) and how to reach it; it pickles.
+
+    ``where`` describes the host's place for messages (``"node 10.0.0.2"``).
+    """
+
+    name: str
+    host: str
+    port: int
+    token: bytes
+    maxsize: int
+    where: str
+    store: ObjectStore
+
+
 class Executor:
     """Base class of an executor plugin; subclass it and return an instance from ``hwplace_executors()``.
 
@@ -156,6 +208,18 @@ class Executor:
         """
         raise NotImplementedError(f"{type(self).__name__}.start_group")
 
+    def create_channel(self, name: str, maxsize: int, group: str | None, rank: int) -> ChannelAddress:
+        """Start the host of a new channel, serving a :class:`ChannelServer`, and return its address.
+
+        The host runs on the node of ``group``'s worker ``rank``, or on this process's node when ``group`` is
+        ``None``. A name in use is a ``ConfigError``.
+        """
+        raise NotImplementedError(f"{type(self).__name__}.create_channel")
+
+    def connect_channel(self, name: str) -> ChannelAddress:
+        """The address of the channel called ``name``; ``ConfigError`` naming the channels there are if none."""
+        raise NotImplementedError(f"{type(self).__name__}.connect_channel")
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
@@ -172,3 +236,25 @@ def check_executor(executor: object) -> str | None:
         return (f"{type(executor).__name__}.name is {safe_repr(name)}; an executor name is 1 to 64 lower-case "
                 "letters, digits, '.', '_' and '-'")
     return None
+
+
+_current: list[Executor | str] = []
+
+
+def set_current_executor(executor: Executor | str) -> None:
+    """Make ``executor`` (or the one of that name) the one this process's channels use."""
+    _current[:] = [executor]
+
+
+def current_executor() -> Executor:
+    """The executor of this process: the one of the last cluster started here, or the worker's own."""
+    if not _current:
+        raise ConfigError("channel", "there is no running cluster in this process",
+                          allowed="start one first with hwplace.Cluster(cluster_cfg), or use channels inside workers")
+    executor = _current[0]
+    if isinstance(executor, str):
+        from hwplace.plugin_manager import get_plugin_manager
+
+        executor = get_plugin_manager().executor(executor)
+        _current[:] = [executor]
+    return executor

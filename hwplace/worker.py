@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from hwplace.errors import HwplaceError, WorkerError
 
 if TYPE_CHECKING:
+    from hwplace.channel import Channel
     from hwplace.group import GroupLauncher
     from hwplace.placement import Placement
 
@@ -28,21 +29,24 @@ LOG_LEVEL_VARIABLE = "HWPLACE_LOG_LEVEL"
 
 @dataclass(frozen=True)
 class WorkerContext:
-    """Who a worker is: its group, rank, group size, placement and the environment hwplace set for it."""
+    """Who a worker is: its group, rank, group size, placement, the environment hwplace set for it, and the
+    name of the executor running it (its channels are started through that executor)."""
 
     group: str
     rank: int
     world_size: int
     placement: Placement
     env: Mapping[str, str]
+    executor: str = ""
 
 
 class Worker:
     """Base class of a job's workers. Subclass it; hwplace constructs one instance per process of a group.
 
     Inside a worker, ``self.rank``, ``self.world_size``, ``self.placement``, ``self.group_name`` and
-    ``self.node_rank`` say who it is, and ``self.log_info(...)`` (and ``log_debug``, ``log_warning``,
-    ``log_error``) log with the group, rank and node in front. Methods may be ``async def``: they then run
+    ``self.node_rank`` say who it is, ``self.log_info(...)`` (and ``log_debug``, ``log_warning``,
+    ``log_error``) log with the group, rank and node in front, and ``self.create_channel(...)`` and
+    ``self.connect_channel(...)`` open channels. Methods may be ``async def``: they then run
     concurrently on the worker's event loop, while plain methods run one at a time, in call order, on one
     thread (the one the constructor ran on).
     """
@@ -89,6 +93,26 @@ class Worker:
         context = self._context
         return _WorkerLogger(logging.getLogger(f"hwplace.worker.{context.group}"),
                              {"prefix": f"[{context.group} rank {context.rank} node {context.placement.node_rank}]"})
+
+    def create_channel(self, name: str, group_affinity: str | None = None, group_rank_affinity: int | None = None,
+                       maxsize: int = 0) -> Channel:
+        """Start a new channel called ``name``; see :meth:`hwplace.Channel.create`.
+
+        Its host runs on this worker's node, or on the node of worker ``group_rank_affinity`` of group
+        ``group_affinity`` (this worker's group when only the rank is given; rank 0 when only the group is).
+        """
+        from hwplace.channel import Channel
+
+        context = self._context
+        if group_affinity is None and group_rank_affinity is not None:
+            group_affinity = context.group
+        return Channel.create(name, maxsize, group_affinity=group_affinity, group_rank_affinity=group_rank_affinity)
+
+    def connect_channel(self, name: str) -> Channel:
+        """The existing channel called ``name``; see :meth:`hwplace.Channel.connect`."""
+        from hwplace.channel import Channel
+
+        return Channel.connect(name)
 
     def log_debug(self, message: str, *args: Any) -> None:
         self.logger.debug(message, *args)
@@ -164,6 +188,10 @@ def start_worker(
     loading or the constructor raises comes back as a :class:`RemoteFailure`.
     """
     os.environ.update(context.env)
+    if context.executor:
+        from hwplace.executor import set_current_executor
+
+        set_current_executor(context.executor)
     try:
         _configure_logging()
         cls = load_class()

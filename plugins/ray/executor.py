@@ -5,6 +5,7 @@ Ray is imported when a method is called, never when hwplace loads this plugin.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -14,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import hwplace
 from hwplace import ClusterConfig, ConfigError, Node, PluginManager
-from hwplace.executor import GroupRequest, GroupRuntime, detect_timeout
+from hwplace.executor import ChannelAddress, GroupRequest, GroupRuntime, detect_timeout
 from hwplace_plugins.ray.ranks import RANK_VARIABLE, FoundNode, assign_ranks, nodes_table
+
+ACTOR_PREFIX = "hwplace.channel."
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -81,17 +84,19 @@ class RayExecutor(hwplace.Executor):
         self._lock = threading.Lock()
         self._groups: dict[str, GroupRuntime] = {}
         self._remote: dict[str, Any] = {}
+        self._channels: dict[str, Any] = {}  # Ray stops a named actor once no handle is left: these keep them
 
     def remote(self, name: str) -> Any:
         """A Ray remote function or actor class of this plugin, made once per process."""
         if name not in self._remote:
             ray = import_ray()
-            from hwplace_plugins.ray import probe, runtime
+            from hwplace_plugins.ray import channel, probe, runtime
 
             made = {
                 "inspect_node": lambda: ray.remote(num_cpus=0, max_retries=0)(probe.inspect_node),
                 "free_port": lambda: ray.remote(num_cpus=0, max_retries=0)(probe.free_port),
                 "host": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(runtime.WorkerHost),
+                "channel": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(channel.ChannelHost),
             }
             self._remote[name] = made[name]()
         return self._remote[name]
@@ -164,9 +169,73 @@ class RayExecutor(hwplace.Executor):
                                   allowed="shut it down first (group.shutdown()) or choose another name")
             runtime = RayGroupRuntime(request, self.remote("host"), release=self._release)
             self._groups[request.name] = runtime
+        directory = json.dumps([spec.node.node_id for spec in request.workers]).encode()
+        internal_kv()._internal_kv_put(f"group:{request.name}", directory, overwrite=True, namespace=kv_namespace())
         return runtime
 
     def _release(self, name: str) -> None:
         with self._lock:
             self._groups.pop(name, None)
+        internal_kv()._internal_kv_del(f"group:{name}", namespace=kv_namespace())
+
+    def create_channel(self, name: str, maxsize: int, group: str | None, rank: int) -> ChannelAddress:
+        ray = import_ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node_id = ray.get_runtime_context().get_node_id() if group is None else self._node_of(group, rank)
+        try:
+            actor = self.remote("channel").options(
+                name=ACTOR_PREFIX + name, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            ).remote(maxsize)
+        except ValueError:
+            raise ConfigError("channel name", f"a channel named {name!r} exists",
+                              allowed="connect to it with Channel.connect(name), or choose another name") from None
+        self._channels[name] = actor
+        return self._address(name, actor)
+
+    def connect_channel(self, name: str) -> ChannelAddress:
+        ray = import_ray()
+        try:
+            actor = ray.get_actor(ACTOR_PREFIX + name)
+        except ValueError:
+            there = sorted(n[len(ACTOR_PREFIX):] for n in ray.util.list_named_actors() if n.startswith(ACTOR_PREFIX))
+            raise ConfigError("channel name", f"there is no channel named {name!r}",
+                              allowed="channels here: " + (", ".join(there) if there else "none") +
+                              "; create it first with Channel.create(name)") from None
+        return self._address(name, actor)
+
+    def _address(self, name: str, actor: Any) -> ChannelAddress:
+        ray = import_ray()
+        from hwplace_plugins.ray.channel import RayObjectStore
+        from hwplace_plugins.ray.runtime import first_line
+
+        try:
+            host, port, token, maxsize, node_id = ray.get(actor.start.remote())
+        except ray.exceptions.RayActorError as exc:
+            raise hwplace.ChannelLost(f"channel {name!r}: its host process is gone ({first_line(exc)})") from None
+        where = f"{host} (Ray node {node_id[:12]})"
+        return ChannelAddress(name, host, port, token, maxsize, where, RayObjectStore(actor, f"channel {name!r}"))
+
+    def _node_of(self, group: str, rank: int) -> str:
+        """The Ray node id of worker ``rank`` of the running group ``group``."""
+        found = internal_kv()._internal_kv_get(f"group:{group}", namespace=kv_namespace())
+        if found is None:
+            raise ConfigError("group_affinity", f"there is no running worker group named {group!r}",
+                              allowed="the name a group was launched under")
+        nodes = json.loads(found)
+        if rank >= len(nodes):
+            raise ConfigError("group_rank_affinity", f"group {group!r} has ranks 0-{len(nodes) - 1}", value=rank)
+        return str(nodes[rank])
+
+
+def internal_kv() -> ModuleType:
+    """Ray's key-value store in its control service: the directory of running groups, readable from workers."""
+    from ray.experimental import internal_kv
+
+    return internal_kv
+
+
+def kv_namespace() -> str:
+    """The directory's namespace: one per Ray namespace, so two jobs' groups do not meet."""
+    return "hwplace:" + import_ray().get_runtime_context().namespace
 

@@ -37,6 +37,9 @@ class WorkerHost:
 
     def __init__(self, shared: tuple[bytes, tuple[Any, ...], Mapping[str, Any]], context: WorkerContext) -> None:
         payload, args, kwargs = shared
+        # Plain methods run on a thread of their own, where a blocking ray.get (a channel's, say) is fine:
+        # Ray's warning against blocking inside an async actor does not apply to them.
+        ray._private.worker.blocking_get_inside_async_warned = True
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwplace-worker")
         outcome = self._thread.submit(start_worker, lambda: cloudpickle.loads(payload), context, args, kwargs).result()
         self._failure = outcome if isinstance(outcome, RemoteFailure) else None
@@ -78,7 +81,7 @@ class RayGroupRuntime(GroupRuntime):
         size = len(self.specs)
         self.actors = [
             host.options(**_actor_options(spec)).remote(
-                shared, WorkerContext(request.name, spec.placement.rank, size, spec.placement, dict(spec.env)))
+                shared, WorkerContext(request.name, spec.placement.rank, size, spec.placement, dict(spec.env), "ray"))
             for spec in self.specs
         ]
 
@@ -106,14 +109,14 @@ class RayGroupRuntime(GroupRuntime):
         if isinstance(outcome, ray.exceptions.RayActorError):
             node = self.specs[rank].node
             return WorkerError(f"{what} failed: the worker process has died (node {node_rank} is "
-                               f"{node.address}, Ray node {node.node_id[:12]}): {_first_line(outcome)}",
+                               f"{node.address}, Ray node {node.node_id[:12]}): {first_line(outcome)}",
                                group=self.name, rank=rank, node_rank=node_rank)
         if isinstance(outcome, ray.exceptions.RayError):
             return WorkerError(f"{what} failed in Ray: {outcome}", group=self.name, rank=rank, node_rank=node_rank)
         return None
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     lines = [line for line in str(error).splitlines() if line.strip()]
     return lines[0].strip() if lines else type(error).__name__
 

@@ -1,0 +1,129 @@
+"""A channel's wire: its frames, and the client's connection to a channel's host.
+
+Requests and replies travel over one TCP connection per process and channel, as length-prefixed frames;
+each request carries an id and its reply carries it back, so calls can be pipelined and each caller gets
+exactly its own reply. The host (:mod:`hwplace.channel_server`) never unpickles an item: payloads are
+opaque bytes to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import struct
+import threading
+from concurrent.futures import Future
+
+from hwplace.errors import ChannelLost
+
+# body length, op, request id, weight or batch weight, timeout (< 0: none), queue name length
+REQUEST = struct.Struct("!IBIddH")
+REPLY = struct.Struct("!IIB")  # body length, request id, status
+LENGTH = struct.Struct("!I")
+COUNTS = struct.Struct("!QQ")
+MAX_FRAME = 1 << 31
+
+HELLO, PUT, PUT_NOWAIT, GET, GET_NOWAIT, GET_BATCH, QSIZE, CLOSE = range(8)
+BAD_REQUEST = 9  # a reply status besides queues.Status: the request was malformed
+INLINE, BY_REFERENCE = b"\x00", b"\x01"  # the first byte of a payload
+KEY_SIZE = 16
+
+
+def reference_key(payload: bytes | memoryview) -> bytes | None:
+    """The object-store key a by-reference payload carries, or ``None`` for an inline one."""
+    return bytes(payload[1 : 1 + KEY_SIZE]) if payload[:1] == BY_REFERENCE else None
+
+
+def encode_request(op: int, rid: int, number: float, timeout: float | None, queue: bytes, payload: bytes) -> bytes:
+    body = REQUEST.size - LENGTH.size + len(queue) + len(payload)
+    return REQUEST.pack(body, op, rid, number, -1.0 if timeout is None else timeout, len(queue)) + queue + payload
+
+
+class Connection:
+    """This process's connection to one channel host: requests are sent at once, replies come on a thread.
+
+    Every request returns a ``Future`` of ``(status, data)``. When the connection breaks, every request
+    in flight, and every later one, fails with :class:`ChannelLost`.
+    """
+
+    def __init__(self, host: str, port: int, token: bytes, describe: str) -> None:
+        self.describe = describe
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future[tuple[int, bytearray]]] = {}
+        self._ids = itertools.count(1)
+        self.lost: str | None = None
+        try:
+            self._socket = socket.create_connection((host, port), timeout=10)
+        except OSError as exc:
+            raise ChannelLost(f"{describe}: cannot reach its host at {host}:{port} ({exc.strerror or exc}); "
+                              "the channel is gone") from None
+        self._socket.settimeout(None)
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _keepalive(self._socket)
+        self._socket.sendall(encode_request(HELLO, 0, 0.0, None, b"", token))
+        self._reader = threading.Thread(target=self._read, name=f"hwplace-channel-{port}", daemon=True)
+        self._reader.start()
+
+    def request(self, op: int, number: float, timeout: float | None, queue: bytes,
+                payload: bytes = b"") -> Future[tuple[int, bytearray]]:
+        future: Future[tuple[int, bytearray]] = Future()
+        with self._lock:
+            if self.lost is not None:
+                raise ChannelLost(self.lost)
+            rid = next(self._ids) & 0xFFFFFFFF
+            self._pending[rid] = future
+            try:
+                self._socket.sendall(encode_request(op, rid, number, timeout, queue, payload))
+            except OSError as exc:
+                self._pending.pop(rid, None)
+                self._lose(f"sending failed ({exc.strerror or exc})")
+                raise ChannelLost(self.lost or self.describe) from None
+        return future
+
+    def _read(self) -> None:
+        buffer = bytearray()
+        reason = "its host closed the connection"
+        try:
+            while True:
+                chunk = self._socket.recv(1 << 20)
+                if not chunk:
+                    break
+                buffer += chunk
+                start = 0
+                while len(buffer) - start >= REPLY.size:
+                    body, rid, status = REPLY.unpack_from(buffer, start)
+                    if body < REPLY.size - LENGTH.size:
+                        raise OSError("a malformed reply")
+                    end = start + LENGTH.size + body
+                    if len(buffer) < end:
+                        break
+                    data = buffer[start + REPLY.size : end]
+                    start = end
+                    with self._lock:
+                        future = self._pending.pop(rid, None)
+                    if future is not None:
+                        future.set_result((status, data))
+                del buffer[:start]
+        except OSError as exc:
+            reason = f"the connection to its host broke ({exc.strerror or exc})"
+        self._lose(reason)
+
+    def _lose(self, reason: str) -> None:
+        with self._lock:
+            if self.lost is None:
+                self.lost = f"{self.describe}: {reason}; the channel's host process is gone"
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(ChannelLost(self.lost))
+        with contextlib.suppress(OSError):
+            self._socket.close()
+
+
+def _keepalive(sock: socket.socket) -> None:
+    """Notice a host whose machine vanished within about 20 s, instead of waiting on it forever."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 2)):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)

@@ -1,0 +1,180 @@
+"""Named weighted FIFO queues with waiters: the whole logic of a channel, free of any transport.
+
+A channel host feeds every request into one :class:`WeightedQueues` and sends each :class:`Ticket`'s outcome
+back to its caller when the ticket resolves. Rules, per queue:
+
+- items leave in the order they came; blocked callers are served in the order they came;
+- ``maxsize`` bounds the queue; a blocked ``put`` enters when there is room;
+- ``get_batch`` takes at least one item and stops once the summed weight reaches its target. While it
+  waits, it holds what it gathered outside the queue (so producers are not stuck behind a batch larger
+  than ``maxsize``); if it is cancelled, those items go back to the head of the queue, in order;
+- ``close`` resolves every waiter with ``CLOSED``, and every later request too.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(enum.IntEnum):
+    """How a request ended."""
+
+    OK = 0
+    EMPTY = 1
+    FULL = 2
+    TIMEOUT = 3
+    CLOSED = 4
+
+
+Reply = Callable[[Status, Any], None]
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A request that is waiting: a blocked ``put``, ``get`` or ``get_batch``."""
+
+    queue: str
+    reply: Reply
+    target: float | None = None  # get_batch: the weight to reach; None for get and put
+    item: Any = None  # put: the item waiting to enter
+    weight: float = 0.0
+    taken: list[tuple[Any, float]] = field(default_factory=list)  # get_batch: what it holds so far
+    gathered: float = 0.0  # get_batch: the summed weight of ``taken``
+    done: bool = False
+
+    def resolve(self, status: Status, value: Any = None) -> None:
+        self.done = True
+        self.reply(status, value)
+
+
+@dataclass
+class _Queue:
+    items: deque[tuple[Any, float]] = field(default_factory=deque)
+    getters: deque[Ticket] = field(default_factory=deque)
+    putters: deque[Ticket] = field(default_factory=deque)
+
+
+class WeightedQueues:
+    """Named weighted FIFO queues, each bounded by ``maxsize`` (0: unbounded).
+
+    Each request takes a ``reply(status, value)`` callable. It is called at once when the request can be
+    answered at once; otherwise the request waits and the returned :class:`Ticket` is called later (or
+    :meth:`cancel` ends it with ``TIMEOUT``). A ``get`` replies with the item, a ``get_batch`` with a list.
+    """
+
+    def __init__(self, maxsize: int = 0) -> None:
+        self.maxsize = maxsize
+        self.closed = False
+        self._queues: dict[str, _Queue] = {}
+
+    def _queue(self, name: str) -> _Queue:
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = _Queue()
+        return queue
+
+    def _has_room(self, queue: _Queue) -> bool:
+        return not self.maxsize or len(queue.items) < self.maxsize
+
+    def put(self, name: str, item: Any, weight: float, reply: Reply, *, block: bool = True) -> Ticket | None:
+        if self.closed:
+            reply(Status.CLOSED, None)
+            return None
+        queue = self._queue(name)
+        if not self._has_room(queue):
+            if not block:
+                reply(Status.FULL, None)
+                return None
+            ticket = Ticket(name, reply, item=item, weight=weight)
+            queue.putters.append(ticket)
+            return ticket
+        queue.items.append((item, weight))
+        reply(Status.OK, None)
+        self._settle(queue)
+        return None
+
+    def get(self, name: str, reply: Reply, *, block: bool = True) -> Ticket | None:
+        return self._take(name, reply, None, block)
+
+    def get_batch(self, name: str, target: float, reply: Reply) -> Ticket | None:
+        return self._take(name, reply, target, True)
+
+    def _take(self, name: str, reply: Reply, target: float | None, block: bool) -> Ticket | None:
+        if self.closed:
+            reply(Status.CLOSED, None)
+            return None
+        queue = self._queue(name)
+        if not queue.items and not block:
+            reply(Status.EMPTY, None)
+            return None
+        ticket = Ticket(name, reply, target=target)
+        queue.getters.append(ticket)
+        self._settle(queue)
+        return None if ticket.done else ticket
+
+    def _settle(self, queue: _Queue) -> None:
+        """Serve waiting getters from the items and let waiting putters in, until neither can move."""
+        moved = True
+        while moved:
+            moved = False
+            while queue.getters and queue.items:
+                getter = queue.getters[0]
+                item, weight = queue.items.popleft()
+                moved = True
+                if getter.target is None:
+                    queue.getters.popleft()
+                    getter.resolve(Status.OK, item)
+                    continue
+                getter.taken.append((item, weight))
+                getter.gathered += weight
+                if getter.gathered >= getter.target:
+                    queue.getters.popleft()
+                    getter.resolve(Status.OK, [item for item, _ in getter.taken])
+            while queue.putters and self._has_room(queue):
+                putter = queue.putters.popleft()
+                queue.items.append((putter.item, putter.weight))
+                putter.resolve(Status.OK)
+                moved = True
+
+    def cancel(self, ticket: Ticket) -> None:
+        """End a waiting request with ``TIMEOUT``; one that has already ended is left alone.
+
+        A cancelled ``get_batch`` puts what it held back at the head of its queue; a cancelled ``put`` never
+        enters.
+        """
+        if ticket.done:
+            return
+        queue = self._queue(ticket.queue)
+        if ticket in queue.putters:
+            queue.putters.remove(ticket)
+        else:
+            queue.getters.remove(ticket)
+            queue.items.extendleft(reversed(ticket.taken))
+            ticket.taken, ticket.gathered = [], 0.0
+        ticket.resolve(Status.TIMEOUT)
+        self._settle(queue)
+
+    def close(self) -> list[Any]:
+        """Close every queue: each waiter gets ``CLOSED``. Returns the items dropped (queued, held or waiting)."""
+        self.closed = True
+        dropped: list[Any] = []
+        for queue in self._queues.values():
+            dropped.extend(item for item, _ in queue.items)
+            dropped.extend(item for ticket in queue.getters for item, _ in ticket.taken)
+            dropped.extend(ticket.item for ticket in queue.putters)
+            for ticket in (*queue.getters, *queue.putters):
+                ticket.resolve(Status.CLOSED)
+        self._queues.clear()
+        return dropped
+
+    def qsize(self, name: str) -> int:
+        """The number of items in queue ``name`` (not counting those a waiting ``get_batch`` holds)."""
+        queue = self._queues.get(name)
+        return len(queue.items) if queue else 0
+
+    def full(self, name: str) -> bool:
+        return bool(self.maxsize) and self.qsize(name) >= self.maxsize
