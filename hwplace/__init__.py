@@ -9,6 +9,7 @@ from __future__ import annotations
 import pluggy
 
 from hwplace import testing
+from hwplace.balance import balanced_split, imbalance
 from hwplace.channel import Channel, ChannelHandle
 from hwplace.cluster import Cluster, Node
 from hwplace.component import ComponentPlacement
@@ -76,8 +77,10 @@ __all__ = [
     "WorkerError",
     "WorkerGroup",
     "__version__",
+    "balanced_split",
     "get_plugin_manager",
     "hookimpl",
+    "imbalance",
     "load_config",
     "parse_cluster_config",
     "testing",
