@@ -26,8 +26,7 @@ def test_balanced_split_beats_round_robin_on_skewed_weights(seed: int) -> None:
     lengths = [float(int(rng.lognormvariate(5, 1.2)) + 1) for _ in range(256)]
     balanced = imbalance(loads(balanced_split(lengths, 8, weight=lengths)))
     naive = imbalance(loads(round_robin(lengths, 8)))
-    assert balanced < 1.02 or balanced == pytest.approx(max(lengths) / (sum(lengths) / 8), rel=1e-9)
-    assert balanced < naive
+    assert balanced < 1.01
     assert naive > 1.1
 
 
