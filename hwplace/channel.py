@@ -170,6 +170,11 @@ class Channel:
         return self._address.name
 
     @property
+    def where(self) -> str:
+        """Where the channel's host runs, as the executor describes it (Ray: ``"10.0.0.2 (Ray node 1a2b...)"``)."""
+        return self._address.where
+
+    @property
     def maxsize(self) -> int:
         """The bound of each queue (0: unbounded)."""
         return self._address.maxsize
@@ -206,7 +211,7 @@ class Channel:
 
     def __repr__(self) -> str:
         bound = f", maxsize={self.maxsize}" if self.maxsize else ""
-        return f"<Channel {self.name!r} on {self._address.where}{bound}>"
+        return f"<Channel {self.name!r} on {self.where}{bound}>"
 
     def _send(self, op: int, queue_name: str, number: float = 0.0, timeout: float | None = None,
               payload: bytes = b"") -> Future[tuple[int, bytearray]]:
