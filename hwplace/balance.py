@@ -49,6 +49,12 @@ def imbalance(loads: Sequence[float]) -> float:
     return max(loads) / mean if mean else 1.0
 
 
+def is_weight(value: object) -> bool:
+    """Whether ``value`` can be a weight (or a timeout): a finite real number >= 0, not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) \
+        and float(value) >= 0
+
+
 def _weights(items: Sequence[T], weight: Sequence[float] | Callable[[T], float] | None) -> list[float]:
     if weight is None:
         return [1.0] * len(items)
@@ -56,6 +62,6 @@ def _weights(items: Sequence[T], weight: Sequence[float] | Callable[[T], float] 
     if len(values) != len(items):
         raise ConfigError("weight", f"has {len(values)} weights for {len(items)} items")
     for index, value in enumerate(values):
-        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        if not is_weight(value):
             raise ConfigError(f"weight[{index}]", f"{safe_repr(value)} is not a finite number >= 0")
     return [float(v) for v in values]

@@ -8,8 +8,6 @@ items larger than :data:`INLINE_LIMIT` bytes travel through the executor's objec
 
 from __future__ import annotations
 
-import math
-import numbers
 import pickle
 import re
 import struct
@@ -19,6 +17,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from hwplace import channel_wire as wire
+from hwplace.balance import is_weight
 from hwplace.errors import ChannelClosed, ChannelEmpty, ChannelFull, ChannelTimeout, ConfigError, HwplaceError
 from hwplace.executor import ChannelAddress, ObjectStore, current_executor
 from hwplace.queues import Status
@@ -284,7 +283,8 @@ class Channel:
         status, data = self._send(wire.QSIZE, queue_name).result()
         if status != Status.OK:
             raise self._error("qsize", queue_name, status, None, data)
-        return wire.COUNTS.unpack(data)  # type: ignore[return-value]
+        size, maxsize = wire.COUNTS.unpack(data)
+        return size, maxsize
 
     def qsize(self, queue_name: str = "default") -> int:
         """How many items the queue holds now."""
@@ -317,12 +317,8 @@ def _queue(name: Any) -> bytes:
     return encoded
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-
-
 def _weight(value: Any, what: str) -> float:
-    if not _number(value):
+    if not is_weight(value):
         raise ConfigError(what, "must be a finite number >= 0", value=value)
     return float(value)
 
@@ -330,7 +326,7 @@ def _weight(value: Any, what: str) -> float:
 def _timeout(value: Any) -> float | None:
     if value is None:
         return None
-    if not _number(value):
+    if not is_weight(value):
         raise ConfigError("timeout", "must be None (wait as long as it takes) or a finite number of seconds >= 0",
                           value=value)
     return float(value)

@@ -30,7 +30,7 @@ INLINE, BY_REFERENCE = b"\x00", b"\x01"  # the first byte of a payload
 KEY_SIZE = 16
 
 
-def reference_key(payload: bytes | memoryview) -> bytes | None:
+def reference_key(payload: bytes | bytearray | memoryview) -> bytes | None:
     """The object-store key a by-reference payload carries, or ``None`` for an inline one."""
     return bytes(payload[1 : 1 + KEY_SIZE]) if payload[:1] == BY_REFERENCE else None
 

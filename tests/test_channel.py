@@ -169,8 +169,8 @@ def test_rank_affinity_needs_a_group() -> None:
         hwplace.Channel.create("lonely", group_rank_affinity=1)
 
 
-@pytest.mark.parametrize(("group", "rank", "key"), [("g", -1, "group_rank_affinity"), ("g", True, "group_rank_affinity"),
-                                                    (3, 0, "group_affinity")])
+@pytest.mark.parametrize(("group", "rank", "key"), [
+    ("g", -1, "group_rank_affinity"), ("g", True, "group_rank_affinity"), (3, 0, "group_affinity")])
 def test_affinity_must_be_a_group_name_and_a_rank(group: Any, rank: Any, key: str) -> None:
     with pytest.raises(hwplace.ConfigError, match=rf"{key}: must be"):
         hwplace.Channel.create("where", group_affinity=group, group_rank_affinity=rank)
@@ -284,7 +284,8 @@ def test_nowait_errors_are_queue_errors() -> None:
     ch.put_nowait("x")
     with pytest.raises(queue.Full, match=r"the queue is full \(maxsize 1\)"):
         ch.put_nowait("y")
-    assert isinstance(pytest.raises(hwplace.ChannelFull, ch.put_nowait, "y").value, hwplace.HwplaceError)
+    with pytest.raises(hwplace.HwplaceError, match=r"the queue is full"):
+        ch.put_nowait("y")
     assert ch.get() == "x"
 
 
@@ -384,8 +385,10 @@ def test_numpy_arrays_keep_dtype_shape_and_are_writable() -> None:
     array = np.arange(24, dtype=np.float16).reshape(2, 3, 4)
     ch.put({"obs": array, "mask": array > 3})
     got = ch.get()
-    assert got["obs"].dtype == np.float16 and got["obs"].shape == (2, 3, 4)
-    assert np.array_equal(got["obs"], array) and got["mask"].dtype == np.bool_
+    assert got["obs"].dtype == np.float16
+    assert got["obs"].shape == (2, 3, 4)
+    assert np.array_equal(got["obs"], array)
+    assert got["mask"].dtype == np.bool_
     got["obs"][0, 0, 0] = 7  # a writable copy, not a view of a buffer someone else owns
 
 
@@ -395,8 +398,11 @@ def test_torch_tensors_keep_dtype_shape_and_device() -> None:
     tensor = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
     ch.put([tensor, torch.ones(2, dtype=torch.int8)])
     got = ch.get()
-    assert got[0].dtype == torch.bfloat16 and got[0].shape == (3, 4) and got[0].device.type == "cpu"
-    assert torch.equal(got[0], tensor) and got[1].dtype == torch.int8
+    assert got[0].dtype == torch.bfloat16
+    assert got[0].shape == (3, 4)
+    assert got[0].device.type == "cpu"
+    assert torch.equal(got[0], tensor)
+    assert got[1].dtype == torch.int8
 
 
 def test_large_items_travel_by_reference(monkeypatch: pytest.MonkeyPatch, executor: ProcessExecutor) -> None:
@@ -412,7 +418,8 @@ def test_large_items_travel_by_reference(monkeypatch: pytest.MonkeyPatch, execut
     assert len(list(store.iterdir())) == 2  # stashed, and only their keys went to the host
     assert np.array_equal(ch.get(), small)
     got = ch.get_batch(2)
-    assert np.array_equal(got[0], big) and got[1] == b"y" * 2000
+    assert np.array_equal(got[0], big)
+    assert got[1] == b"y" * 2000
     assert list(store.iterdir()) == []  # taken by the consumer
 
 
@@ -511,7 +518,8 @@ def test_a_dead_host_is_an_error_for_every_caller_not_a_hang(executor: ProcessEx
             handle.wait(timeout=5)
     with pytest.raises(hwplace.ChannelLost, match=r"cannot reach its host|is gone"):
         ch.put(1)
-    assert isinstance(pytest.raises(ConnectionError, ch.get).value, hwplace.HwplaceError)
+    with pytest.raises(ConnectionError, match=r"is gone"):
+        ch.get()
 
 
 # -- the host ---------------------------------------------------------------------------------------
@@ -545,7 +553,8 @@ def test_host_answers_an_unknown_operation_with_an_error() -> None:
         sock.sendall(encode_request(42, 9, 0.0, None, b"default", b""))
         data = sock.recv(100)
     _, rid, status = REPLY.unpack_from(data)
-    assert (rid, status) == (9, 9) and data[REPLY.size:] == b"unknown operation 42"
+    assert (rid, status) == (9, 9)
+    assert data[REPLY.size:] == b"unknown operation 42"
 
 
 def test_a_consumer_that_goes_away_while_waiting_loses_nothing() -> None:

@@ -72,5 +72,6 @@ class RayObjectStore(ObjectStore):
         except ray.exceptions.RayActorError as exc:
             raise ChannelLost(f"{self._describe}: its host process is gone ({first_line(exc)})") from None
         except ray.exceptions.ObjectLostError as exc:
-            raise ChannelLost(f"{self._describe}: an item stored by reference was lost, most likely with the process that put it ({first_line(exc)})") from None
+            raise ChannelLost(f"{self._describe}: an item stored by reference was lost, most likely with the "
+                              f"process that put it ({first_line(exc)})") from None
 

@@ -150,7 +150,8 @@ def test_stress_producers_and_consumers_on_both_nodes_lose_nothing(peers: hwplac
     assert producing.wait(timeout=120) == [per, per]
     got = getting.wait(timeout=120)[0] + batching.wait(timeout=120)[0]
     assert Counter(got) == Counter((rank, rank // 2, i) for rank in (0, 2) for i in range(per))
-    assert len(getting.wait()[0]) > 0 and len(batching.wait()[0]) > 0  # both consumers took part
+    assert len(getting.wait()[0]) > 0
+    assert len(batching.wait()[0]) > 0
     for part in (getting.wait()[0], batching.wait()[0]):
         for rank in (0, 2):  # each producer's items arrive in the order they were put
             sequence = [i for r, _, i in part if r == rank]
@@ -162,7 +163,8 @@ def test_close_wakes_every_blocked_worker_at_once(peers: hwplace.WorkerGroup) ->
     plain = peers.wait_for_item(channel)
     batched = peers.wait_for_batch(channel)
     time.sleep(1.0)
-    assert not plain.done() and not batched.done()
+    assert not plain.done()
+    assert not batched.done()
     channel.close()
     results = plain.wait(timeout=10)
     assert all(r.startswith("ChannelClosed after") for r in results), results
@@ -191,8 +193,11 @@ def test_tensors_and_arrays_cross_nodes_with_dtype_shape_and_device(peers: hwpla
     channel = hwplace.Channel.create(fresh("tensors"))
     channel.put({"t": torch.arange(6, dtype=torch.int16).reshape(2, 3), "a": np.eye(3, dtype=np.float64)})
     got = peers.execute_on(3).take(channel).wait()[0]
-    assert got["t"].dtype == torch.int16 and tuple(got["t"].shape) == (2, 3) and got["t"].device.type == "cpu"
-    assert got["a"].dtype == np.float64 and np.array_equal(got["a"], np.eye(3))
+    assert got["t"].dtype == torch.int16
+    assert tuple(got["t"].shape) == (2, 3)
+    assert got["t"].device.type == "cpu"
+    assert got["a"].dtype == np.float64
+    assert np.array_equal(got["a"], np.eye(3))
 
 
 def test_large_arrays_travel_through_the_object_store(peers: hwplace.WorkerGroup) -> None:
@@ -200,7 +205,9 @@ def test_large_arrays_travel_through_the_object_store(peers: hwplace.WorkerGroup
     size = 1 << 20  # 4 MiB of float32: over the inline limit
     peers.execute_on(2).put_array(channel, size).wait()
     got = channel.get(timeout=30)
-    assert got.shape == (size,) and got.dtype == np.float32 and float(got[0]) == 2.0
+    assert got.shape == (size,)
+    assert got.dtype == np.float32
+    assert float(got[0]) == 2.0
     # Read-only: mapped from Ray's object store, not a copy that came through the channel's actor.
     assert not got.flags.writeable
 
