@@ -30,7 +30,8 @@ def test_error_hierarchy() -> None:
     assert issubclass(hwplace.ChannelEmpty, queue.Empty)
     assert issubclass(hwplace.ChannelFull, queue.Full)
     assert issubclass(hwplace.ChannelTimeout, TimeoutError)
-    for name in ("ChannelClosed", "PluginError", "ChannelEmpty", "ChannelFull", "ChannelTimeout"):
+    assert issubclass(hwplace.ChannelLost, ConnectionError)
+    for name in ("ChannelClosed", "PluginError", "ChannelEmpty", "ChannelFull", "ChannelTimeout", "ChannelLost"):
         assert issubclass(getattr(hwplace, name), hwplace.HwplaceError)
 
 
