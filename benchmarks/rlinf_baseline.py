@@ -230,3 +230,34 @@ def launch_group_seconds(n: int) -> float:
     finally:
         _shut_down(group)
     return seconds
+
+
+# Channel adapter (for benchmarks/channel_throughput.py): RLinf's Channel driven through its public API, on the
+# same adopted local cluster as the launch benchmark.
+
+
+def worker_base() -> type:
+    """RLinf's ``Worker`` class, to subclass (RuntimeError with the missing reason when RLinf does not import)."""
+    return _require().Worker  # type: ignore[no-any-return]
+
+
+def launch_worker(worker_cls: Any, name: str) -> Any:
+    """A launched RLinf group of one ``worker_cls`` on node 0 of the local cluster (adopting the caller's Ray)."""
+    sched = _require()
+    cluster = _local_cluster()
+    with _quiet():
+        return worker_cls.create_group().launch(cluster, placement_strategy=sched.NodePlacementStrategy([0]),
+                                                name=name)
+
+
+def create_channel(name: str) -> Any:
+    """RLinf's ``Channel.create(name)`` (unbounded, one channel worker on node 0), made from the driver."""
+    sched = _require()
+    _local_cluster()
+    with _quiet():
+        return sched.Channel.create(name)
+
+
+def shut_down(group: Any) -> None:
+    """Kill every worker of an RLinf ``group`` and wait until Ray reports each one dead."""
+    _shut_down(group)
