@@ -32,7 +32,7 @@ The ratio column is hwplace's rate over that system's (msg/s; for (c) the same a
 issue) are against the Ray queue: (a) >= 2x, (b) >= 20x, (c) >= 5x. Each figure is the median of ``--repeat``
 measurements (``seconds`` is that median, ``(min-max)`` the spread), the systems taking turns in alternating order.
 
-Run: python benchmarks/channel_throughput.py [--repeat 3] [--quick]
+Run: python benchmarks/channel_throughput.py [--repeat 3] [--quick] [--only abc]
 """
 
 from __future__ import annotations
@@ -266,7 +266,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per scenario and system (the median shows)")
     parser.add_argument("--quick", action="store_true", help="small item counts (a smoke run, not a measurement)")
+    parser.add_argument("--only", default="abc", help="the scenarios to run, by letter (default: abc)")
     args = parser.parse_args()
+    scenarios = [s for s in SCENARIOS if s.key in args.only]
     wall = time.perf_counter()
     ray.init(num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE, include_dashboard=False, log_to_driver=False)
     cluster = hwplace.Cluster({"num_nodes": 1})
@@ -280,7 +282,7 @@ def main() -> None:
     else:
         missing["rlinf"] = rlinf_baseline.RLINF_MISSING_REASON
     failed: dict[tuple[str, str], str] = {}  # (system, scenario) -> why it has no figure
-    for scenario in SCENARIOS:  # warm-up: connections, RLinf's communication groups, first-use costs
+    for scenario in scenarios:  # warm-up: connections, RLinf's communication groups, first-use costs
         for name, system in systems.items():
             try:
                 system.run(scenario, min(scenario.warmup, scenario.quick[name]) if args.quick else scenario.warmup)
@@ -290,7 +292,7 @@ def main() -> None:
           + (f", rlinf {rlinf_baseline.RLINF_VERSION}" if "rlinf" in systems else "")
           + f"; {os.cpu_count()} CPUs; object store {OBJECT_STORE / 1024**3:g} GiB; median of {args.repeat} runs"
           + (" (--quick counts)" if args.quick else ""))
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         counts = scenario.quick if args.quick else scenario.counts
         here = [name for name in systems if (name, scenario.key) not in failed]
         times: dict[str, list[float]] = {name: [] for name in here}

@@ -46,11 +46,22 @@ def _connection(address: ChannelAddress) -> wire.Connection:
     return connection
 
 
+_PLAIN = frozenset({bytes, bytearray, str, int, float, bool, type(None)})
+
+
+def _dumps(item: Any, store: ObjectStore, buffer_callback: Callable[[pickle.PickleBuffer], Any]) -> bytes:
+    """Plain pickle for builtin values, arrays and tensors (importable anywhere); the executor's for the rest."""
+    kind = type(item)
+    if kind in _PLAIN or kind.__module__.partition(".")[0] in ("numpy", "torch"):
+        return pickle.dumps(item, protocol=5, buffer_callback=buffer_callback)
+    return store.dumps(item, buffer_callback)
+
+
 def encode(item: Any, store: ObjectStore) -> bytes:
     """A payload: the pickled item inline, or the key of the item stashed in the object store."""
     if _size_hint(item) < INLINE_LIMIT:
         buffers: list[pickle.PickleBuffer] = []
-        data = store.dumps(item, buffers.append)
+        data = _dumps(item, store, buffers.append)
         raws = [b.raw() for b in buffers]
         if len(data) + sum(r.nbytes for r in raws) < INLINE_LIMIT:
             head = _BUFFERS.pack(len(raws)) + b"".join(_BUFFER.pack(r.nbytes) for r in raws)
@@ -111,16 +122,20 @@ class ChannelHandle:
     elapsed ``timeout`` here raises ``TimeoutError`` and leaves the operation pending, to wait for again.
     """
 
-    def __init__(self, future: Future[tuple[int, bytearray]], finish: Callable[[int, bytearray], Any]) -> None:
+    def __init__(self, future: Future[tuple[int, bytearray]], finish: Callable[[int, bytearray], Any],
+                 flush: Callable[[], None]) -> None:
         self._future = future
         self._finish = finish
+        self._flush = flush
         self._lock = threading.Lock()
         self._outcome: tuple[bool, Any] | None = None
 
     def done(self) -> bool:
+        self._flush()
         return self._future.done()
 
     def wait(self, timeout: float | None = None) -> Any:
+        self._flush()
         try:
             self._future.result(timeout)
         except TimeoutError:
@@ -144,6 +159,7 @@ class ChannelHandle:
     async def wait_async(self) -> Any:
         import asyncio
 
+        self._flush()
         await asyncio.wrap_future(self._future)
         return self._result()
 
@@ -212,21 +228,26 @@ class Channel:
         bound = f", maxsize={self.maxsize}" if self.maxsize else ""
         return f"<Channel {self.name!r} on {self.where}{bound}>"
 
-    def _send(self, op: int, queue_name: str, number: float = 0.0, timeout: float | None = None,
-              payload: bytes = b"") -> Future[tuple[int, bytearray]]:
-        return _connection(self._address).request(op, number, timeout, _queue(queue_name), payload)
+    def _call(self, op: int, what: str, queue_name: str, number: float = 0.0, timeout: float | None = None,
+              payload: bytes = b"", async_op: bool = False) -> Any:
+        """Send one request; its result, or (``async_op``) a handle on it."""
+        connection = _connection(self._address)
+        future = connection.request(op, number, timeout, _queue(queue_name), payload, defer=async_op)
 
-    def _finish(self, what: str, queue_name: str, timeout: float | None) -> Callable[[int, bytearray], Any]:
         def finish(status: int, data: bytearray) -> Any:
-            if status == Status.OK:
-                if what == "get":
-                    return decode([data], self._address.store)[0]
-                if what == "get_batch":
-                    return decode(_split_batch(data), self._address.store)
-                return None
-            raise self._error(what, queue_name, status, timeout, data)
+            if status != Status.OK:
+                raise self._error(what, queue_name, status, timeout, data)
+            if what == "get":
+                return decode([data], self._address.store)[0]
+            if what == "get_batch":
+                return decode(_split_batch(data), self._address.store)
+            if what == "qsize":
+                return wire.COUNTS.unpack(data)
+            return None
 
-        return finish
+        if async_op:
+            return ChannelHandle(future, finish, connection.flush)
+        return finish(*future.result())
 
     def _error(self, what: str, queue_name: str, status: int, timeout: float | None, data: bytearray) -> HwplaceError:
         where = f"channel {self.name!r}, queue {queue_name!r}"
@@ -240,66 +261,49 @@ class Channel:
             return ChannelTimeout(f"{where}: {what} did not complete within {timeout:g} s")
         return HwplaceError(f"{where}: the host refused {what}: {data.decode(errors='replace')}")
 
-    def _run(self, future: Future[tuple[int, bytearray]], what: str, queue_name: str, timeout: float | None,
-             async_op: bool) -> Any:
-        finish = self._finish(what, queue_name, timeout)
-        if async_op:
-            return ChannelHandle(future, finish)
-        return finish(*future.result())
-
     def put(self, item: Any, weight: float = 0, queue_name: str = "default", async_op: bool = False,
             timeout: float | None = None) -> ChannelHandle | None:
         """Append ``item`` with ``weight`` to the queue, waiting while it is full."""
         weight, timeout = _weight(weight, "weight"), _timeout(timeout)
-        future = self._send(wire.PUT, queue_name, weight, timeout, encode(item, self._address.store))
-        return self._run(future, "put", queue_name, timeout, async_op)  # type: ignore[no-any-return]
+        payload = encode(item, self._address.store)
+        return self._call(wire.PUT, "put", queue_name, weight, timeout, payload, async_op)  # type: ignore[no-any-return]
 
     def put_nowait(self, item: Any, weight: float = 0, queue_name: str = "default") -> None:
         """Append ``item`` at once; :class:`hwplace.ChannelFull` (a ``queue.Full``) when the queue is full."""
-        future = self._send(wire.PUT_NOWAIT, queue_name, _weight(weight, "weight"), None,
-                            encode(item, self._address.store))
-        self._run(future, "put_nowait", queue_name, None, False)
+        weight = _weight(weight, "weight")
+        self._call(wire.PUT_NOWAIT, "put_nowait", queue_name, weight, None, encode(item, self._address.store))
 
     def get(self, queue_name: str = "default", async_op: bool = False, timeout: float | None = None) -> Any:
         """Take the queue's first item, waiting for one."""
-        timeout = _timeout(timeout)
-        return self._run(self._send(wire.GET, queue_name, 0.0, timeout), "get", queue_name, timeout, async_op)
+        return self._call(wire.GET, "get", queue_name, 0.0, _timeout(timeout), async_op=async_op)
 
     def get_nowait(self, queue_name: str = "default") -> Any:
         """Take the first item at once; :class:`hwplace.ChannelEmpty` (a ``queue.Empty``) when there is none."""
-        return self._run(self._send(wire.GET_NOWAIT, queue_name), "get", queue_name, None, False)
+        return self._call(wire.GET_NOWAIT, "get", queue_name)
 
     def get_batch(self, batch_weight: float, queue_name: str = "default", async_op: bool = False,
                   timeout: float | None = None) -> Any:
         """Take items in order (at least one) until their summed weight reaches ``batch_weight``, as a list.
 
-        Waits until the queue holds that much; on a timeout or a close it takes nothing.
+        Waits until the queue holds that much; on a timeout or a close it takes nothing. One round trip.
         """
         weight, timeout = _weight(batch_weight, "batch_weight"), _timeout(timeout)
-        future = self._send(wire.GET_BATCH, queue_name, weight, timeout)
-        return self._run(future, "get_batch", queue_name, timeout, async_op)
-
-    def _counts(self, queue_name: str) -> tuple[int, int]:
-        status, data = self._send(wire.QSIZE, queue_name).result()
-        if status != Status.OK:
-            raise self._error("qsize", queue_name, status, None, data)
-        size, maxsize = wire.COUNTS.unpack(data)
-        return size, maxsize
+        return self._call(wire.GET_BATCH, "get_batch", queue_name, weight, timeout, async_op=async_op)
 
     def qsize(self, queue_name: str = "default") -> int:
         """How many items the queue holds now."""
-        return self._counts(queue_name)[0]
+        return int(self._call(wire.QSIZE, "qsize", queue_name)[0])
 
     def empty(self, queue_name: str = "default") -> bool:
-        return self._counts(queue_name)[0] == 0
+        return self.qsize(queue_name) == 0
 
     def full(self, queue_name: str = "default") -> bool:
-        size, maxsize = self._counts(queue_name)
+        size, maxsize = self._call(wire.QSIZE, "qsize", queue_name)
         return bool(maxsize) and size >= maxsize
 
     def close(self) -> None:
         """Close the channel: every waiting and later operation, in any process, raises ``ChannelClosed``."""
-        self._send(wire.CLOSE, "default").result()
+        self._call(wire.CLOSE, "close", "default")
 
 
 def _check_name(name: Any) -> None:

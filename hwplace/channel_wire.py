@@ -13,6 +13,7 @@ import itertools
 import socket
 import struct
 import threading
+import time
 from concurrent.futures import Future
 
 from hwplace.errors import ChannelLost
@@ -23,6 +24,8 @@ REPLY = struct.Struct("!IIB")  # body length, request id, status
 LENGTH = struct.Struct("!I")
 COUNTS = struct.Struct("!QQ")
 MAX_FRAME = 1 << 31
+FLUSH_BYTES = 1 << 16  # deferred requests are sent once this many bytes wait...
+FLUSH_DELAY = 0.0005  # ...or this many seconds after the first of them
 
 HELLO, PUT, PUT_NOWAIT, GET, GET_NOWAIT, GET_BATCH, QSIZE, CLOSE = range(8)
 BAD_REQUEST = 9  # a reply status besides queues.Status: the request was malformed
@@ -41,17 +44,24 @@ def encode_request(op: int, rid: int, number: float, timeout: float | None, queu
 
 
 class Connection:
-    """This process's connection to one channel host: requests are sent at once, replies come on a thread.
+    """This process's connection to one channel host: requests go out in order, replies come on a thread.
 
-    Every request returns a ``Future`` of ``(status, data)``. When the connection breaks, every request
-    in flight, and every later one, fails with :class:`ChannelLost`.
+    Every request returns a ``Future`` of ``(status, data)``. A request made with ``defer=True`` may wait
+    up to :data:`FLUSH_DELAY` seconds (or until :meth:`flush`, or :data:`FLUSH_BYTES` are waiting) to
+    be sent together with the ones after it: pipelined operations then cost one send for many. When the
+    connection breaks, every request in flight, and every later one, fails with :class:`ChannelLost`.
     """
 
     def __init__(self, host: str, port: int, token: bytes, describe: str) -> None:
         self.describe = describe
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the pending requests, the outgoing frames, ``lost``
+        self._send_lock = threading.Lock()  # one sender at a time, so frames leave in the order they came
         self._pending: dict[int, Future[tuple[int, bytearray]]] = {}
         self._ids = itertools.count(1)
+        self._out: list[bytes] = []
+        self._out_size = 0
+        self._deferred = threading.Event()
+        self._flusher: threading.Thread | None = None
         self.lost: str | None = None
         try:
             self._socket = socket.create_connection((host, port), timeout=10)
@@ -65,21 +75,50 @@ class Connection:
         self._reader = threading.Thread(target=self._read, name=f"hwplace-channel-{port}", daemon=True)
         self._reader.start()
 
-    def request(self, op: int, number: float, timeout: float | None, queue: bytes,
-                payload: bytes = b"") -> Future[tuple[int, bytearray]]:
+    def request(self, op: int, number: float, timeout: float | None, queue: bytes, payload: bytes = b"", *,
+                defer: bool = False) -> Future[tuple[int, bytearray]]:
         future: Future[tuple[int, bytearray]] = Future()
         with self._lock:
             if self.lost is not None:
                 raise ChannelLost(self.lost)
             rid = next(self._ids) & 0xFFFFFFFF
             self._pending[rid] = future
-            try:
-                self._socket.sendall(encode_request(op, rid, number, timeout, queue, payload))
-            except OSError as exc:
-                self._pending.pop(rid, None)
-                self._lose(f"sending failed ({exc.strerror or exc})")
-                raise ChannelLost(self.lost or self.describe) from None
+            frame = encode_request(op, rid, number, timeout, queue, payload)
+            self._out.append(frame)
+            self._out_size += len(frame)
+            now = not defer or self._out_size >= FLUSH_BYTES
+            first = len(self._out) == 1
+        if now:
+            self.flush()
+        elif first:
+            self._flush_soon()
         return future
+
+    def flush(self) -> None:
+        """Send every request that waits to be sent."""
+        with self._send_lock:
+            with self._lock:
+                if not self._out:
+                    return
+                data = b"".join(self._out)
+                self._out, self._out_size = [], 0
+            try:
+                self._socket.sendall(data)
+            except OSError as exc:
+                self._lose(f"sending failed ({exc.strerror or exc})")
+
+    def _flush_soon(self) -> None:
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_later, name="hwplace-channel-flush", daemon=True)
+            self._flusher.start()
+        self._deferred.set()
+
+    def _flush_later(self) -> None:
+        while self.lost is None:
+            self._deferred.wait()
+            self._deferred.clear()
+            time.sleep(FLUSH_DELAY)
+            self.flush()
 
     def _read(self) -> None:
         buffer = bytearray()
@@ -114,6 +153,8 @@ class Connection:
             if self.lost is None:
                 self.lost = f"{self.describe}: {reason}; the channel's host process is gone"
             pending, self._pending = self._pending, {}
+            self._out, self._out_size = [], 0
+        self._deferred.set()  # the flusher, if any, sees ``lost`` and ends
         for future in pending.values():
             if not future.done():
                 future.set_exception(ChannelLost(self.lost))

@@ -569,3 +569,27 @@ def test_a_consumer_that_goes_away_while_waiting_loses_nothing() -> None:
     time.sleep(0.1)  # the host notices the closed connection and forgets its get
     ch.put("kept")
     assert ch.get(timeout=5) == "kept"
+
+
+def test_an_async_put_nobody_waits_on_is_sent_within_a_millisecond_or_so() -> None:
+    from hwplace.channel_wire import COUNTS, QSIZE, Connection
+
+    ch = new()
+    ch.put("fire and forget", async_op=True)  # deferred, to travel with the puts after it
+    address = ch._address
+    observer = Connection(address.host, address.port, address.token, "observer")  # does not flush ch's requests
+    deadline = time.monotonic() + 5
+    while COUNTS.unpack(observer.request(QSIZE, 0.0, None, b"default").result()[1])[0] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert ch.get() == "fire and forget"
+
+
+def test_deferred_requests_go_out_in_order_with_the_sync_ones() -> None:
+    ch = new()
+    handles = [ch.put(i, async_op=True) for i in range(10)]
+    ch.put(10)  # sync: sends the deferred ones first
+    assert ch.get_batch(0) == [0]
+    handles.append(ch.get(async_op=True))
+    assert handles[-1].wait(timeout=5) == 1
+    assert [ch.get() for _ in range(9)] == [2, 3, 4, 5, 6, 7, 8, 9, 10]
