@@ -13,11 +13,11 @@ import re
 import struct
 import threading
 from collections.abc import Callable, Generator, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 from hwplace import channel_wire as wire
 from hwplace.balance import is_weight
+from hwplace.channel_wire import Reply
 from hwplace.errors import ChannelClosed, ChannelEmpty, ChannelFull, ChannelTimeout, ConfigError, HwplaceError
 from hwplace.executor import ChannelAddress, ObjectStore, current_executor
 from hwplace.queues import Status
@@ -122,9 +122,8 @@ class ChannelHandle:
     elapsed ``timeout`` here raises ``TimeoutError`` and leaves the operation pending, to wait for again.
     """
 
-    def __init__(self, future: Future[tuple[int, bytearray]], finish: Callable[[int, bytearray], Any],
-                 flush: Callable[[], None]) -> None:
-        self._future = future
+    def __init__(self, reply: Reply, finish: Callable[[int, bytearray], Any], flush: Callable[[], None]) -> None:
+        self._reply = reply
         self._finish = finish
         self._flush = flush
         self._lock = threading.Lock()
@@ -132,14 +131,14 @@ class ChannelHandle:
 
     def done(self) -> bool:
         self._flush()
-        return self._future.done()
+        return self._reply.done()
 
     def wait(self, timeout: float | None = None) -> Any:
         self._flush()
         try:
-            self._future.result(timeout)
+            self._reply.result(timeout)
         except TimeoutError:
-            if not self._future.done():
+            if not self._reply.done():
                 raise TimeoutError(f"the channel operation is still pending after {timeout:g} s; "
                                    "wait again to get its result") from None
         return self._result()
@@ -148,7 +147,7 @@ class ChannelHandle:
         with self._lock:  # the result is worked out once: fetching a stashed item takes it from the host
             if self._outcome is None:
                 try:
-                    self._outcome = (True, self._finish(*self._future.result()))
+                    self._outcome = (True, self._finish(*self._reply.result()))
                 except HwplaceError as exc:
                     self._outcome = (False, exc)
         ok, value = self._outcome
@@ -160,7 +159,18 @@ class ChannelHandle:
         import asyncio
 
         self._flush()
-        await asyncio.wrap_future(self._future)
+        loop = asyncio.get_running_loop()
+        arrived = loop.create_future()
+
+        def settle() -> None:
+            if not arrived.done():  # cancelled, if the awaiting task was
+                arrived.set_result(None)
+
+        def wake(_: Reply) -> None:
+            loop.call_soon_threadsafe(settle)
+
+        self._reply.add_done_callback(wake)
+        await arrived
         return self._result()
 
     def __await__(self) -> Generator[Any, None, Any]:
@@ -232,7 +242,7 @@ class Channel:
               payload: bytes = b"", async_op: bool = False) -> Any:
         """Send one request; its result, or (``async_op``) a handle on it."""
         connection = _connection(self._address)
-        future = connection.request(op, number, timeout, _queue(queue_name), payload, defer=async_op)
+        reply = connection.request(op, number, timeout, _queue(queue_name), payload, defer=async_op)
 
         def finish(status: int, data: bytearray) -> Any:
             if status != Status.OK:
@@ -246,8 +256,8 @@ class Channel:
             return None
 
         if async_op:
-            return ChannelHandle(future, finish, connection.flush)
-        return finish(*future.result())
+            return ChannelHandle(reply, finish, connection.flush)
+        return finish(*reply.result())
 
     def _error(self, what: str, queue_name: str, status: int, timeout: float | None, data: bytearray) -> HwplaceError:
         where = f"channel {self.name!r}, queue {queue_name!r}"

@@ -14,7 +14,8 @@ import socket
 import struct
 import threading
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
+from typing import cast
 
 from hwplace.errors import ChannelLost
 
@@ -43,10 +44,59 @@ def encode_request(op: int, rid: int, number: float, timeout: float | None, queu
     return REQUEST.pack(body, op, rid, number, -1.0 if timeout is None else timeout, len(queue)) + queue + payload
 
 
+Outcome = tuple[int, bytearray]
+_callbacks_guard = threading.Lock()
+
+
+class Reply:
+    """The reply to one request, set once by the connection's reader thread.
+
+    A lighter ``concurrent.futures.Future``: ``result(timeout)`` waits on a lock the reply releases, and
+    ``add_done_callback`` is all that async code needs.
+    """
+
+    __slots__ = ("_callbacks", "_lock", "_outcome")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._outcome: Outcome | BaseException | None = None
+        self._callbacks: list[Callable[[Reply], None]] = []
+
+    def set(self, outcome: Outcome | BaseException) -> None:
+        self._outcome = outcome
+        self._lock.release()
+        with _callbacks_guard:
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+    def done(self) -> bool:
+        return self._outcome is not None
+
+    def result(self, timeout: float | None = None) -> Outcome:
+        """The ``(status, data)`` reply; ``TimeoutError`` when ``timeout`` seconds pass first."""
+        if self._outcome is None:
+            if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+                raise TimeoutError("no reply yet")
+            self._lock.release()  # for whoever waits next
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        return cast(Outcome, self._outcome)
+
+    def add_done_callback(self, callback: Callable[[Reply], None]) -> None:
+        """Call ``callback(reply)`` once the reply is set (at once if it is), on the thread that sets it."""
+        with _callbacks_guard:
+            if self._outcome is None:
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+
 class Connection:
     """This process's connection to one channel host: requests go out in order, replies come on a thread.
 
-    Every request returns a ``Future`` of ``(status, data)``. A request made with ``defer=True`` may wait
+    Every request returns a :class:`Reply` of ``(status, data)``. A request made with ``defer=True`` may wait
     up to :data:`FLUSH_DELAY` seconds (or until :meth:`flush`, or :data:`FLUSH_BYTES` are waiting) to
     be sent together with the ones after it: pipelined operations then cost one send for many. When the
     connection breaks, every request in flight, and every later one, fails with :class:`ChannelLost`.
@@ -56,7 +106,7 @@ class Connection:
         self.describe = describe
         self._lock = threading.Lock()  # the pending requests, the outgoing frames, ``lost``
         self._send_lock = threading.Lock()  # one sender at a time, so frames leave in the order they came
-        self._pending: dict[int, Future[tuple[int, bytearray]]] = {}
+        self._pending: dict[int, Reply] = {}
         self._ids = itertools.count(1)
         self._out: list[bytes] = []
         self._out_size = 0
@@ -76,13 +126,13 @@ class Connection:
         self._reader.start()
 
     def request(self, op: int, number: float, timeout: float | None, queue: bytes, payload: bytes = b"", *,
-                defer: bool = False) -> Future[tuple[int, bytearray]]:
-        future: Future[tuple[int, bytearray]] = Future()
+                defer: bool = False) -> Reply:
+        reply = Reply()
         with self._lock:
             if self.lost is not None:
                 raise ChannelLost(self.lost)
             rid = next(self._ids) & 0xFFFFFFFF
-            self._pending[rid] = future
+            self._pending[rid] = reply
             frame = encode_request(op, rid, number, timeout, queue, payload)
             self._out.append(frame)
             self._out_size += len(frame)
@@ -92,7 +142,7 @@ class Connection:
             self.flush()
         elif first:
             self._flush_soon()
-        return future
+        return reply
 
     def flush(self) -> None:
         """Send every request that waits to be sent."""
@@ -140,9 +190,9 @@ class Connection:
                     data = buffer[start + REPLY.size : end]
                     start = end
                     with self._lock:
-                        future = self._pending.pop(rid, None)
-                    if future is not None:
-                        future.set_result((status, data))
+                        reply = self._pending.pop(rid, None)
+                    if reply is not None:
+                        reply.set((status, data))
                 del buffer[:start]
         except OSError as exc:
             reason = f"the connection to its host broke ({exc.strerror or exc})"
@@ -155,9 +205,8 @@ class Connection:
             pending, self._pending = self._pending, {}
             self._out, self._out_size = [], 0
         self._deferred.set()  # the flusher, if any, sees ``lost`` and ends
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(ChannelLost(self.lost))
+        for reply in pending.values():
+            reply.set(ChannelLost(self.lost))
         with contextlib.suppress(OSError):
             self._socket.close()
 

@@ -593,3 +593,18 @@ def test_deferred_requests_go_out_in_order_with_the_sync_ones() -> None:
     handles.append(ch.get(async_op=True))
     assert handles[-1].wait(timeout=5) == 1
     assert [ch.get() for _ in range(9)] == [2, 3, 4, 5, 6, 7, 8, 9, 10]
+
+
+def test_a_cancelled_await_leaves_the_operation_to_finish() -> None:
+    ch = new()
+
+    async def main() -> Any:
+        handle = ch.get(async_op=True)
+        waiter = asyncio.ensure_future(handle.wait_async())
+        await asyncio.sleep(0.05)
+        waiter.cancel()
+        ch.put("after the cancel")
+        await asyncio.sleep(0.1)  # the reply arrives for a task that is gone: nothing breaks
+        return await handle
+
+    assert asyncio.run(main()) == "after the cancel"
