@@ -100,6 +100,8 @@ class ProcessExecutor(hwplace.Executor):
         for process, _ in self.hosts.values():
             process.kill()
             process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
 
 
 @pytest.fixture(scope="module")
