@@ -8,6 +8,7 @@ items larger than :data:`INLINE_LIMIT` bytes travel through the executor's objec
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 import struct
@@ -32,6 +33,8 @@ _BUFFERS = struct.Struct("!I")
 _BUFFER = struct.Struct("!Q")
 _connections: dict[tuple[str, int, bytes], wire.Connection] = {}
 _connections_lock = threading.Lock()
+# A forked child (a data loader's worker, say) must not share its parent's sockets: it opens its own.
+os.register_at_fork(after_in_child=_connections.clear)
 
 
 def _connection(address: ChannelAddress) -> wire.Connection:

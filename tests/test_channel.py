@@ -610,3 +610,22 @@ def test_a_cancelled_await_leaves_the_operation_to_finish() -> None:
         return await handle
 
     assert asyncio.run(main()) == "after the cancel"
+
+
+def test_a_forked_child_opens_its_own_connection() -> None:
+    ch = new()
+    ch.put("from the parent")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's connection (and its reader thread) is not usable here
+        signal.alarm(10)  # were it used, the reply could go to the parent: end instead of hanging
+        try:
+            os.write(write, pickle.dumps(ch.get(timeout=5)))
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        assert pickle.loads(pipe.read()) == "from the parent"
+    os.waitpid(pid, 0)
+    ch.put("parent still works")
+    assert ch.get(timeout=5) == "parent still works"
