@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import hwplace
@@ -206,7 +207,6 @@ def test_put_refuses_bad_weights(weight: Any) -> None:
 
 
 def test_numpy_numbers_are_weights() -> None:
-    np = pytest.importorskip("numpy")
     ch = new()
     ch.put("a", weight=np.int64(2))
     ch.put("b", weight=np.float32(1.5))
@@ -382,7 +382,6 @@ def test_pipelined_puts_keep_their_order() -> None:
 
 
 def test_numpy_arrays_keep_dtype_shape_and_are_writable() -> None:
-    np = pytest.importorskip("numpy")
     ch = new()
     array = np.arange(24, dtype=np.float16).reshape(2, 3, 4)
     ch.put({"obs": array, "mask": array > 3})
@@ -408,7 +407,6 @@ def test_torch_tensors_keep_dtype_shape_and_device() -> None:
 
 
 def test_large_items_travel_by_reference(monkeypatch: pytest.MonkeyPatch, executor: ProcessExecutor) -> None:
-    np = pytest.importorskip("numpy")
     monkeypatch.setattr(channel_module, "INLINE_LIMIT", 1000)
     ch = new()
     store = executor.folder / ch.name

@@ -7,13 +7,13 @@ import time
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pytest
 
 import hwplace
 from hwplace.pytest_plugin import LocalRay
 
 ray = pytest.importorskip("ray")
-np = pytest.importorskip("numpy")
 
 
 class Peer(hwplace.Worker):
