@@ -40,7 +40,7 @@ async def main():
     server = ChannelServer(int(sys.argv[1]), on_drop=lambda key: (store / key.hex()).unlink(missing_ok=True))
     port = await server.start("127.0.0.1")
     print(port, server.token.hex(), flush=True)
-    await asyncio.Event().wait()
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)  # returns when the test ends
 
 asyncio.run(main())
 """
@@ -72,14 +72,16 @@ class ProcessExecutor(hwplace.Executor):
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.hosts: dict[str, tuple[subprocess.Popen[str], ChannelAddress]] = {}
+        self.placed: dict[str, tuple[str | None, int]] = {}  # where each channel was asked to be hosted
 
     def create_channel(self, name: str, maxsize: int, group: str | None, rank: int) -> ChannelAddress:
         if name in self.hosts:
             raise hwplace.ConfigError("channel name", f"a channel named {name!r} exists")
+        self.placed[name] = (group, rank)
         store = self.folder / name
         store.mkdir()
-        process = subprocess.Popen([sys.executable, "-c", HOST, str(maxsize), str(store)], stdout=subprocess.PIPE,
-                                   text=True)
+        process = subprocess.Popen([sys.executable, "-c", HOST, str(maxsize), str(store)], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
         assert process.stdout is not None
         port, token = process.stdout.readline().split()
         address = ChannelAddress(name, "127.0.0.1", int(port), bytes.fromhex(token), maxsize, "this machine",
@@ -101,8 +103,9 @@ class ProcessExecutor(hwplace.Executor):
         for process, _ in self.hosts.values():
             process.kill()
             process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
+            for pipe in (process.stdin, process.stdout):
+                if pipe is not None:
+                    pipe.close()
 
 
 @pytest.fixture(scope="module")
@@ -627,3 +630,58 @@ def test_a_forked_child_opens_its_own_connection() -> None:
     os.waitpid(pid, 0)
     ch.put("parent still works")
     assert ch.get(timeout=5) == "parent still works"
+
+
+# -- from inside a worker ---------------------------------------------------------------------------
+
+
+class Member(hwplace.Worker):
+    pass
+
+
+def member(rank: int) -> hwplace.Worker:
+    from hwplace.testing import fake_cluster
+    from hwplace.worker import WorkerContext, start_worker
+
+    cluster = fake_cluster(num_nodes=2)
+    placements = hwplace.NodePlacementStrategy([0, 1, 1]).get_placement(cluster)
+    worker = start_worker(lambda: Member, WorkerContext("crew", rank, 3, placements[rank], {}), (), {})
+    assert isinstance(worker, Member)
+    return worker
+
+
+@pytest.mark.parametrize(("group", "rank", "asked"), [
+    (None, None, (None, 0)),  # the worker's own node
+    (None, 2, ("crew", 2)),  # a rank of its own group
+    ("other", None, ("other", 0)),  # rank 0 of another group
+    ("other", 1, ("other", 1)),
+])
+def test_a_worker_hosts_its_channel_where_asked(executor: ProcessExecutor, group: str | None, rank: int | None,
+                                                asked: tuple[str | None, int]) -> None:
+    name = f"crew{next(_names)}"
+    channel = member(1).create_channel(name, group_affinity=group, group_rank_affinity=rank, maxsize=4)
+    assert executor.placed[name] == asked
+    assert channel.maxsize == 4
+    channel.put("from a worker")
+    assert member(0).connect_channel(name).get() == "from a worker"
+
+
+def test_a_worker_makes_its_channels_through_its_own_executor(executor: ProcessExecutor,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from hwplace.testing import fake_cluster, registered_plugin
+    from hwplace.worker import WorkerContext, start_worker
+
+    class Plugin:
+        @hwplace.hookimpl
+        def hwplace_executors(self) -> list[hwplace.Executor]:
+            return [executor]
+
+    monkeypatch.setattr(executor_module, "_current", [])
+    placement = hwplace.NodePlacementStrategy([0]).get_placement(fake_cluster(num_nodes=1))[0]
+    with registered_plugin(Plugin(), "process-executor"):
+        worker = start_worker(lambda: Member, WorkerContext("solo", 0, 1, placement, {}, "process"), (), {})
+        assert isinstance(worker, Member)
+        name = f"solo{next(_names)}"
+        worker.create_channel(name).put(1)
+        assert executor_module.current_executor() is executor
+    assert name in executor.hosts
