@@ -116,6 +116,20 @@ def executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessExecut
 
 
 @pytest.fixture(autouse=True)
+def bounded() -> Iterator[None]:
+    """No test here may hang (under mutation testing a broken channel would wait forever): 60 s at most."""
+
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError("the test took over 60 s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(autouse=True)
 def current(executor: ProcessExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(executor_module, "_current", [executor])
 
