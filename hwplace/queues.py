@@ -117,14 +117,11 @@ class WeightedQueues:
         return None if ticket.done else ticket
 
     def _settle(self, queue: _Queue) -> None:
-        """Serve waiting getters from the items and let waiting putters in, until neither can move."""
-        moved = True
-        while moved:
-            moved = False
+        """Serve waiting getters from the items and let waiting putters into the room, until neither can move."""
+        while True:
             while queue.getters and queue.items:
                 getter = queue.getters[0]
                 item, weight = queue.items.popleft()
-                moved = True
                 if getter.target is None:
                     queue.getters.popleft()
                     getter.resolve(Status.OK, item)
@@ -134,11 +131,12 @@ class WeightedQueues:
                 if getter.gathered >= getter.target:
                     queue.getters.popleft()
                     getter.resolve(Status.OK, [item for item, _ in getter.taken])
+            if not (queue.putters and self._has_room(queue)):
+                return
             while queue.putters and self._has_room(queue):
                 putter = queue.putters.popleft()
                 queue.items.append((putter.item, putter.weight))
                 putter.resolve(Status.OK)
-                moved = True
 
     def cancel(self, ticket: Ticket) -> None:
         """End a waiting request with ``TIMEOUT``; one that has already ended is left alone.
@@ -154,7 +152,6 @@ class WeightedQueues:
         else:
             queue.getters.remove(ticket)
             queue.items.extendleft(reversed(ticket.taken))
-            ticket.taken, ticket.gathered = [], 0.0
         ticket.resolve(Status.TIMEOUT)
         self._settle(queue)
 

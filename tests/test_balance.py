@@ -63,8 +63,12 @@ def test_more_ranks_than_items_leaves_some_empty() -> None:
 
 @pytest.mark.parametrize("ranks", [0, -1, 1.5, True, "2"])
 def test_num_ranks_must_be_positive(ranks: Any) -> None:
-    with pytest.raises(hwplace.ConfigError, match=r"num_ranks: must be a whole number >= 1"):
+    with pytest.raises(hwplace.ConfigError, match=rf"num_ranks: must be a whole number >= 1 \(got {ranks!r}\)"):
         balanced_split([1], ranks)
+
+
+def test_one_rank_takes_everything_in_order() -> None:
+    assert balanced_split([3, 1, 2], 1, weight=[3, 1, 2]) == [[3, 1, 2]]
 
 
 def test_weights_must_match_the_items() -> None:

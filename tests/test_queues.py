@@ -30,7 +30,7 @@ class Replies:
         self.log: list[tuple[str, Status, Any]] = []
 
     def __call__(self, label: str) -> Callable[[Status, Any], None]:
-        def reply(status: Status, value: Any = None) -> None:
+        def reply(status: Status, value: Any) -> None:
             self.log.append((label, status, value))
 
         return reply
@@ -669,7 +669,7 @@ def run_against_reference(maxsize: int, ops: list[Op]) -> None:
     dropped_by_close: Counter[int] = Counter()
 
     def reply_for(rid: int) -> Callable[[Status, Any], None]:
-        def reply(status: Status, value: Any = None) -> None:
+        def reply(status: Status, value: Any) -> None:
             log.append((rid, status, value))
 
         return reply
