@@ -14,7 +14,7 @@ import re
 import struct
 import threading
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import Any, Literal, SupportsFloat, overload
 
 from hwplace import channel_wire as wire
 from hwplace.balance import is_weight
@@ -274,14 +274,26 @@ class Channel:
             return ChannelTimeout(f"{where}: {what} did not complete within {timeout:g} s")
         return HwplaceError(f"{where}: the host refused {what}: {data.decode(errors='replace')}")
 
-    def put(self, item: Any, weight: float = 0, queue_name: str = "default", async_op: bool = False,
+    @overload
+    def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", async_op: Literal[False] = False,
+            timeout: float | None = None) -> None: ...
+
+    @overload
+    def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", *, async_op: Literal[True],
+            timeout: float | None = None) -> ChannelHandle: ...
+
+    @overload
+    def put(self, item: Any, weight: SupportsFloat, queue_name: str, async_op: bool,
+            timeout: float | None = None) -> ChannelHandle | None: ...
+
+    def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", async_op: bool = False,
             timeout: float | None = None) -> ChannelHandle | None:
         """Append ``item`` with ``weight`` to the queue, waiting while it is full."""
         weight, timeout = _weight(weight, "weight"), _timeout(timeout)
         payload = encode(item, self._address.store)
         return self._call(wire.PUT, "put", queue_name, weight, timeout, payload, async_op)  # type: ignore[no-any-return]
 
-    def put_nowait(self, item: Any, weight: float = 0, queue_name: str = "default") -> None:
+    def put_nowait(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default") -> None:
         """Append ``item`` at once; :class:`hwplace.ChannelFull` (a ``queue.Full``) when the queue is full."""
         weight = _weight(weight, "weight")
         self._call(wire.PUT_NOWAIT, "put_nowait", queue_name, weight, None, encode(item, self._address.store))
@@ -294,7 +306,7 @@ class Channel:
         """Take the first item at once; :class:`hwplace.ChannelEmpty` (a ``queue.Empty``) when there is none."""
         return self._call(wire.GET_NOWAIT, "get", queue_name)
 
-    def get_batch(self, batch_weight: float, queue_name: str = "default", async_op: bool = False,
+    def get_batch(self, batch_weight: SupportsFloat, queue_name: str = "default", async_op: bool = False,
                   timeout: float | None = None) -> Any:
         """Take items in order (at least one) until their summed weight reaches ``batch_weight``, as a list.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import hwplace
 from hwplace import balanced_split, imbalance
 
 
-def loads(parts: list[list[float]]) -> list[float]:
+def loads(parts: Sequence[Sequence[float]]) -> list[float]:
     return [sum(part) for part in parts]
 
 

@@ -35,7 +35,8 @@ class ChannelHost:
         """Serve; returns the address clients connect to: host, port, token, maxsize and the node's id."""
         if self._address is None:
             port = await self._server.start()
-            self._address = (ray.util.get_node_ip_address(), port, self._server.token, self._server.queues.maxsize,
+            ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+            self._address = (ip, port, self._server.token, self._server.queues.maxsize,
                              ray.get_runtime_context().get_node_id())
         return self._address
 
@@ -54,7 +55,7 @@ class RayObjectStore(ObjectStore):
         self._describe = describe
 
     def dumps(self, item: Any, buffer_callback: Callable[[Any], Any]) -> bytes:
-        return cloudpickle.dumps(item, protocol=5, buffer_callback=buffer_callback)  # type: ignore[no-any-return]
+        return cloudpickle.dumps(item, protocol=5, buffer_callback=buffer_callback)  # type: ignore[no-untyped-call,no-any-return]
 
     def stash(self, item: Any) -> bytes:
         key = os.urandom(16)

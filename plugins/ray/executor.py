@@ -237,5 +237,5 @@ def internal_kv() -> ModuleType:
 
 def kv_namespace() -> str:
     """The directory's namespace: one per Ray namespace, so two jobs' groups do not meet."""
-    return "hwplace:" + import_ray().get_runtime_context().namespace
+    return f"hwplace:{import_ray().get_runtime_context().namespace}"
 
