@@ -91,13 +91,13 @@ class _Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        # Whoever waited here is gone: their requests end, so no item is handed to a dead caller.
+        # Whoever waited here is gone: their requests end (unanswered), so no item goes to a dead caller.
+        self.transport = None
         for ticket, timer in list(self.waiting.items()):
             if timer is not None:
                 timer.cancel()
             self.server.queues.cancel(ticket)
         self.waiting.clear()
-        self.transport = None
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
