@@ -42,7 +42,9 @@ list_ports = pytest.importorskip("serial.tools.list_ports", reason=NO_PYSERIAL)
 ListPortInfo = pytest.importorskip("serial.tools.list_ports_common", reason=NO_PYSERIAL).ListPortInfo
 
 BACKEND = SerialRobot()
-PING = {"send": "PING\\n", "expect": "PONG", "timeout": 1.0}  # \n as the two characters a YAML user writes
+# \n as the two characters a YAML user writes; a robot that answers is done at once, so a loaded
+# machine gets a generous bound
+PING = {"send": "PING\\n", "expect": "PONG", "timeout": 5.0}
 SLACK = 1.0  # seconds a bounded wait may overrun its bound on a loaded machine
 
 
@@ -334,7 +336,7 @@ def test_usb_identities_resolve_through_list_ports(monkeypatch: pytest.MonkeyPat
     # a worker given the unresolved identity finds the port the same way when it opens the robot
     env = BACKEND.isolation_env([hwplace.Device(0, "planned serial-robot", properties={
         "usb": {"vid": "0x2341", "pid": "0x0043", "serial_number": "A"}, "baudrate": 115200})])
-    with open_robot(environ=env, timeout=1) as robot:
+    with open_robot(environ=env, timeout=5) as robot:
         assert robot.port == pty.robot
         robot.write(b"PING\n")
         assert robot.readline() == b"PONG v1\n"
