@@ -73,12 +73,10 @@ def encode(item: Any, store: ObjectStore) -> bytes:
 
 
 def _size_hint(item: Any) -> int:
-    """The bytes of an array, tensor or bytes-like item (0 for anything else), without pickling it."""
+    """The bytes of an array, tensor (both have ``nbytes``) or bytes-like item (0 for anything else), unpickled."""
     nbytes = getattr(item, "nbytes", None)
     if isinstance(nbytes, int):
         return nbytes
-    if type(item).__module__.startswith("torch") and hasattr(item, "element_size"):
-        return int(item.element_size() * item.nelement())
     return len(item) if isinstance(item, bytes | bytearray) else 0
 
 
