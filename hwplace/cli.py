@@ -1,4 +1,4 @@
-"""The ``hwplace`` command: ``plan`` a config without launching anything, list ``hardware``."""
+"""The ``hwplace`` command: ``plan`` a config without launching anything, ``run`` a job, list ``hardware``."""
 
 from __future__ import annotations
 
@@ -15,15 +15,17 @@ from hwplace import __version__
 from hwplace.cluster import Cluster, detect_node_hardware
 from hwplace.component import ComponentPlacement
 from hwplace.config import MAX_NODES, cluster_section, parse_cluster_config
-from hwplace.errors import ConfigError, HwplaceError, PlacementError
+from hwplace.errors import ConfigError, HwplaceError, PlacementError, PluginError
 from hwplace.hardware import Device
-from hwplace.loading import load_config
+from hwplace.job import run_job
+from hwplace.loading import apply_overrides, load_config
 from hwplace.placement import Placement
 from hwplace.plugin_manager import PluginManager, get_plugin_manager
 from hwplace.testing import FAKE_ACCELERATOR, fake_cluster
 from hwplace.wording import plural, ranks_text, safe_repr
 
 EXIT_ERROR = 2
+EXIT_FAILED = 1  # the job ran and failed: a worker raised or died
 MAX_NODES_ITEMS = 10_000
 _NODES_ITEM = re.compile(r"^(?:([0-9]{1,7})x)?([0-9]{1,7})(?::([a-z0-9][a-z0-9._-]{0,63}))?$")
 
@@ -75,7 +77,8 @@ def _group_settings(plan: ComponentPlacement, placement: Placement) -> tuple[dic
     return group.env_vars(placement.node_rank), group.python_interpreter_path(placement.node_rank)
 
 
-def _print_plan(plan: ComponentPlacement, out: TextIO) -> None:
+def print_plan(plan: ComponentPlacement, out: TextIO) -> None:
+    """One table per component: rank, node, local rank, hardware, isolation env, group settings."""
     for name in plan.components:
         spec = plan.spec(name)
         placements = plan.get_placements(name)
@@ -88,7 +91,7 @@ def _print_plan(plan: ComponentPlacement, out: TextIO) -> None:
         header += ["group env"] * show_env + ["python"] * show_python
         rows = [header]
         for p, (env, python) in zip(placements, settings, strict=True):
-            row = [str(p.rank), f"{p.node_rank} ({p.node_id})", f"{p.local_rank}/{p.local_world_size}",
+            row = [str(p.rank), f"{p.node_rank} ({p.node_id[:12]})", f"{p.local_rank}/{p.local_world_size}",
                    _hardware_cell(p), _env_cell(p.env)]
             rows.append(row + [_env_cell(env)] * show_env + [python or "-"] * show_python)
         _table(rows, out)
@@ -154,7 +157,20 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         json.dump(_plan_json(plan), out, indent=2, default=safe_repr)
         out.write("\n")
     else:
-        _print_plan(plan, out)
+        print_plan(plan, out)
+    return 0
+
+
+def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    config = apply_overrides(load_config(args.config), args.overrides)
+    config.setdefault("job", {})  # a config without one is named as job.entrypoint's problem, with the forms
+    counts = None
+    if args.nodes is not None:
+        counts, types = parse_nodes(args.nodes if isinstance(args.nodes, str) else "--")
+        if set(types) != {FAKE_ACCELERATOR}:
+            raise ConfigError("--nodes", "a simulated cluster has fake accelerators only", value=args.nodes,
+                              allowed="4x8 or 8,8,4 without a :type; plan other types with hwplace plan --nodes")
+    run_job(config, accelerators_per_node=counts, out=out, base=os.path.dirname(os.path.abspath(args.config)))
     return 0
 
 
@@ -251,6 +267,15 @@ def build_parser() -> argparse.ArgumentParser:
                       "fake accelerators), 4x8:cuda (of 8 cuda GPUs), 2x8:my-tpu,1x4:cuda, or 8,8,4")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(run=_plan)
+    run = commands.add_parser("run", help="run a job: place its components, launch them, call its entry point",
+                              description="Connect to Ray (or start an embedded local one), place every component, "
+                              "print the plan, and call the function job.entrypoint names with a hwplace.Job.")
+    run.add_argument("config", help="YAML file with a cluster: section and a job: section naming the entry point")
+    run.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                     help="set config values before running, such as job.steps=5 or cluster.num_nodes=2")
+    run.add_argument("--nodes", help="run on a throwaway local Ray cluster of this shape, with fake accelerators: "
+                     "1x4 (one node of 4), 2x4, or 4,2")
+    run.set_defaults(run=_run)
     hardware = commands.add_parser("hardware", help="list the registered backends and what they detect here")
     hardware.add_argument("--config", help="also detect the devices this config declares for this node")
     hardware.add_argument("--node-rank", help="which node of the config this machine is (default: "
@@ -261,14 +286,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run the command line; returns the exit code (2 for a configuration or placement error)."""
+    """Run the command line; returns the exit code: 2 for a configuration, placement or plugin error, 1 for a
+    job that failed (a worker raised or died)."""
     out, err = out or sys.stdout, err or sys.stderr
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "run" and not any(e.startswith("-") for e in extra):
+        args.overrides += extra  # KEY=VALUE overrides given after --nodes
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         code: int = args.run(args, out, err)
-    except HwplaceError as error:
+    except (ConfigError, PlacementError, PluginError) as error:
         _show_error(error, err)
         return EXIT_ERROR
+    except HwplaceError as error:  # the job started and failed: a worker raised or died, a channel was lost
+        _show_error(error, err)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        err.write("hwplace: interrupted\n")
+        return 130
     except BrokenPipeError:  # the reader went away (`hwplace plan ... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

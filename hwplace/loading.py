@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from hwplace.errors import ConfigError
+from hwplace.wording import safe_repr
 
 _MAX_FILE_BYTES = 1024 * 1024  # pure-Python PyYAML parses as little as 64 KiB a second
 _MAX_INT_DIGITS = 30
@@ -155,19 +156,55 @@ def _load_file(name: str) -> dict[str, Any]:
         line = data.count(b"\n", 0, exc.start) + 1
         raise ConfigError("", f"{name} is not UTF-8: byte {data[exc.start]:#04x} at offset {exc.start} "
                               f"(line {line}) {exc.reason}", allowed="save the file as UTF-8") from None
-    try:
-        loader = _YamlLoader(text, name)  # already reads the start, and checks its characters
-        node = loader.get_single_node() if text.strip() else None  # yaml refuses a tab outside a scalar
-        loaded = None if node is None else loader.construct_document(node)
-    except yaml.YAMLError as exc:
-        raise ConfigError("", f"{name} is not valid YAML: {exc}") from None
-    except RecursionError:  # only where the caller's own stack is already deep
-        raise ConfigError("", f"{name} is nested too deeply to read", allowed=_NESTING) from None
-    if node is None:
+    loaded = _parse(text, name) if text.strip() else _EMPTY
+    if loaded is _EMPTY:
         raise ConfigError("", f"{name} is empty; it must hold a mapping at the top level")
     if not isinstance(loaded, dict):
         raise ConfigError("", f"{name} must hold a mapping at the top level", value=type(loaded).__name__)
     return loaded
+
+
+_EMPTY = object()  # what a YAML text without a document (blank, or only comments) holds
+
+
+def _parse(text: str, name: str) -> Any:
+    """The value a YAML text holds, read with :class:`_YamlLoader`; ``_EMPTY`` when it holds no document."""
+    try:
+        loader = _YamlLoader(text, name)  # already reads the start, and checks its characters
+        node = loader.get_single_node()  # yaml refuses a tab outside a scalar
+        return _EMPTY if node is None else loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ConfigError("", f"{name} is not valid YAML: {exc}") from None
+    except RecursionError:  # only where the caller's own stack is already deep
+        raise ConfigError("", f"{name} is nested too deeply to read", allowed=_NESTING) from None
+
+
+_OVERRIDE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*$")
+
+
+def apply_overrides(config: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """``config`` with each ``dotted.key=value`` set; values are YAML (``job.steps=5``, ``a.b='[1, 2]'``).
+
+    Missing mappings on the way are created; a key that passes through a value that is not a mapping is a
+    ``ConfigError``. New keys are allowed here: the config's own checks refuse the unknown ones.
+    """
+    allowed = "dotted.key=value, such as job.steps=5 or cluster.num_nodes=2"
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not _OVERRIDE_KEY.match(key.strip()):
+            raise ConfigError("override", f"{item[:60]!r} is not key=value", allowed=allowed)
+        *parents, last = key.strip().split(".")
+        target = config
+        for depth, part in enumerate(parents):
+            child = target.setdefault(part, {})
+            if not isinstance(child, dict):
+                where = ".".join(parents[: depth + 1])
+                raise ConfigError(where, f"is {safe_repr(child)}, not a mapping, so {key.strip()!r} cannot be set",
+                                  allowed=allowed)
+            target = child
+        value = _parse(raw, f"the value of {key.strip()}") if raw.strip() else ""
+        target[last] = "" if value is _EMPTY else value
+    return config
 
 
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | Any) -> dict[str, Any]:
