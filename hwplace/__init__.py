@@ -29,6 +29,7 @@ from hwplace.errors import (
 from hwplace.executor import Executor, Handle
 from hwplace.group import WorkerGroup
 from hwplace.hardware import Device, HardwareBackend, NoDevices
+from hwplace.job import Job, run_job
 from hwplace.loading import load_config
 from hwplace.placement import Placement
 from hwplace.plugin_manager import PluginManager, get_plugin_manager
@@ -63,6 +64,7 @@ __all__ = [
     "Handle",
     "HardwareBackend",
     "HwplaceError",
+    "Job",
     "NoDevices",
     "Node",
     "NodeGroup",
@@ -83,5 +85,6 @@ __all__ = [
     "imbalance",
     "load_config",
     "parse_cluster_config",
+    "run_job",
     "testing",
 ]

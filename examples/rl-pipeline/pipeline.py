@@ -176,15 +176,18 @@ class Progress:
 
 
 def wait_watching(handle: hwplace.Handle, producers: dict[str, hwplace.Handle]) -> list[Any]:
-    """``handle``'s results; a producer that fails meanwhile raises its ``WorkerError`` at once."""
+    """``handle``'s results; a producer that fails first raises its ``WorkerError`` at once."""
     while True:
+        for name, producer in producers.items():
+            try:
+                producer.wait(timeout=0)  # raises the WorkerError of any rank that raised or died
+            except TimeoutError:
+                continue  # still producing: producers run until the channels close
+            raise RuntimeError(f"the {name} workers stopped producing before training was done")
         try:
             return handle.wait(timeout=POLL)
         except TimeoutError:
-            for name, producer in producers.items():
-                if producer.done():
-                    producer.wait()  # raises the WorkerError of a producer that raised or died
-                    raise RuntimeError(f"the {name} workers stopped producing before training was done") from None
+            pass
 
 
 def main(job: hwplace.Job) -> dict[str, Any]:
