@@ -353,11 +353,12 @@ def _env_configs(value: Any, path: str, group_ranks: tuple[int, ...], num_nodes:
 
 
 def _hardware(value: Any, path: str, group_ranks: tuple[int, ...], manager: PluginManager | None) -> HardwareConfig:
-    from hwplace.plugin_manager import get_plugin_manager  # only declared hardware needs the backends
+    from hwplace.plugin_manager import failures_note, get_plugin_manager  # only declared hardware needs them
 
     raw = _mapping(value, path)
     _check_keys(raw, _HARDWARE_KEYS, path)
-    backends = (manager or get_plugin_manager()).backends()
+    manager = manager or get_plugin_manager()
+    backends = manager.backends()
     kind_names = sorted(name for name, info in backends.items() if info.kind != "node")
     type_name = raw.get("type")
     if not isinstance(type_name, str):
@@ -367,7 +368,7 @@ def _hardware(value: Any, path: str, group_ranks: tuple[int, ...], manager: Plug
         hint = "; for plain nodes use 'ignore_hardware: true' or no hardware at all" if type_name in backends else ""
         raise ConfigError(f"{path}.type", f"no hardware backend is named {type_name!r}{hint}",
                           allowed=f"registered types: {', '.join(kind_names) or 'none'}"
-                                  f"{did_you_mean(type_name, kind_names)}")
+                                  f"{did_you_mean(type_name, kind_names)}{failures_note(manager)}")
     backend = backends[type_name].backend
     configs_raw = raw.get("configs")
     if backend.kind == "accelerator":
@@ -501,6 +502,9 @@ def parse_cluster_config(section: Any, *, plugin_manager: PluginManager | None =
     if isinstance(section, ClusterConfig):
         return section
     raw = _mapping(to_plain(section), "cluster")
+    if "cluster" in raw and isinstance(raw["cluster"], Mapping):
+        raise ConfigError("cluster", "this looks like a whole config (it has a 'cluster' key): pass its cluster "
+                          "section instead, such as cfg['cluster']")
     _check_keys(raw, _CLUSTER_KEYS, "cluster")
     if "num_nodes" not in raw:
         raise ConfigError("cluster.num_nodes", "is required: the number of nodes the job uses")

@@ -75,6 +75,12 @@ class PluginFailure:
         return f"plugin {self.plugin!r} ({self.distribution}): {self.error}"
 
 
+def failures_note(manager: PluginManager) -> str:
+    """For a message about a backend or executor that is not registered: the plugins that failed, if any."""
+    failures = manager.failures
+    return f"; it may come from a plugin that failed: {'; '.join(map(str, failures))}" if failures else ""
+
+
 @dataclass(frozen=True)
 class Detection:
     """The outcome of one backend's ``detect`` on one node."""

@@ -14,7 +14,7 @@ from hwplace.cluster import Cluster, Node
 from hwplace.config import MAX_NODES, parse_cluster_config
 from hwplace.errors import ConfigError, PluginError
 from hwplace.hardware import Device
-from hwplace.plugin_manager import MAX_DEVICES, PluginManager, get_plugin_manager
+from hwplace.plugin_manager import MAX_DEVICES, PluginManager, failures_note, get_plugin_manager
 from hwplace.wording import did_you_mean, safe_repr
 
 FAKE_ACCELERATOR = "fake-accelerator"
@@ -59,7 +59,7 @@ def _types(value: Any, counts: list[int], manager: PluginManager) -> list[str]:
         if count and name not in accelerators:
             raise ConfigError("accelerator_type", f"{safe_repr(name)} is not a registered accelerator backend",
                               allowed=f"registered: {', '.join(accelerators) or 'none'}"
-                                      f"{did_you_mean(str(name), accelerators)}")
+                                      f"{did_you_mean(str(name), accelerators)}{failures_note(manager)}")
     return types
 
 

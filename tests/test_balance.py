@@ -90,12 +90,3 @@ def test_imbalance_of_even_uneven_and_empty_loads() -> None:
     with pytest.raises(hwplace.ConfigError, match=r"loads: needs at least one load"):
         imbalance([])
 
-
-def test_the_examples_in_the_channels_guide_run() -> None:
-    import doctest
-    from pathlib import Path
-
-    guide = Path(__file__).parent.parent / "docs" / "channels.md"
-    result = doctest.testfile(str(guide), module_relative=False, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 4
-    assert result.failed == 0
