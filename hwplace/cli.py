@@ -141,7 +141,13 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.nodes is not None:
         # argparse turns the value '--' into an empty list: take it as the text it was
         counts, types = parse_nodes(args.nodes if isinstance(args.nodes, str) else "--")
-        cluster = fake_cluster(section, num_nodes=len(counts), accelerators_per_node=counts, accelerator_type=types)
+        try:
+            cluster = fake_cluster(section, num_nodes=len(counts), accelerators_per_node=counts,
+                                   accelerator_type=types)
+        except ConfigError as exc:  # an unknown :type is the option's mistake: name the option
+            if exc.path != "accelerator_type":
+                raise
+            raise ConfigError("--nodes", exc.problem, allowed=exc.allowed) from None
     else:
         cluster = Cluster.this_machine(section)
     for problem in cluster.problems:

@@ -54,7 +54,7 @@ def _types(value: Any, counts: list[int], manager: PluginManager) -> list[str]:
     if types is None or len(types) != len(counts):
         raise ConfigError("accelerator_type", f"must be a backend name, or one per node ({len(counts)})",
                           value=value)
-    accelerators = [b.name for b in manager.backends_of_kind("accelerator")]
+    accelerators = sorted(b.name for b in manager.backends_of_kind("accelerator"))
     for name, count in zip(types, counts, strict=True):
         if count and name not in accelerators:
             raise ConfigError("accelerator_type", f"{safe_repr(name)} is not a registered accelerator backend",

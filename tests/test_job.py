@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = ROOT / "examples" / "rl-pipeline"
 
 
-def job_with(section: dict) -> Job:
+def job_with(section: dict[str, Any]) -> Job:
     config = {"job": section, "cluster": {"num_nodes": 1, "component_placement": {"a": "0-1"}}}
     cluster = fake_cluster(config["cluster"], accelerators_per_node=2)
     return Job(config, cluster, hwplace.ComponentPlacement(config, cluster))
@@ -83,7 +84,7 @@ def test_a_file_entry_point_is_read_relative_to_the_base_and_imports_its_sibling
             return Item(ANSWER)
         """)
     entry = load_entrypoint({"job": {"entrypoint": "jobs/my_job.py:main"}}, tmp_path)
-    item = entry(None)
+    item = entry(job_with({}))
     assert item.value == 42
     # Like a __main__ script's, the file's module is not left importable: its classes pickle by value
     assert type(item).__module__ not in sys.modules

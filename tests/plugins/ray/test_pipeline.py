@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ def bounded():
     signal.signal(signal.SIGALRM, previous)
 
 
-def run_variant(name: str) -> tuple[dict, str]:
+def run_variant(name: str) -> tuple[dict[str, Any], str]:
     config = hwplace.load_config(PIPELINE / name)
     config["job"].update(steps=STEPS, tokens_per_rank=TOKENS)
     out = io.StringIO()
@@ -45,7 +46,7 @@ def run_variant(name: str) -> tuple[dict, str]:
     return summary, out.getvalue()
 
 
-def check_summary(summary: dict, ranks: int) -> None:
+def check_summary(summary: dict[str, Any], ranks: int) -> None:
     assert summary["steps"] == STEPS
     assert len(summary["rank_tokens"]) == ranks
     assert all(tokens >= STEPS * TOKENS for tokens in summary["rank_tokens"])  # get_batch gives at least TOKENS
@@ -90,14 +91,13 @@ def test_a_worker_killed_mid_run_is_a_worker_error_not_a_hang(hwplace_local_ray:
     config["job"].update(steps=10_000, tokens_per_rank=TOKENS)
     entry = load_entrypoint(config, PIPELINE)
     pids = tmp_path / "pids"
-    rollout = entry.__globals__["Rollout"]
 
-    class Recorded(rollout):  # the pipeline's own rollout worker, telling the test its process id
-        def __init__(self) -> None:
-            with open(pids, "a") as file:
-                file.write(f"{self.rank} {os.getpid()}\n")
+    def record_pid(worker: hwplace.Worker) -> None:
+        with open(pids, "a") as file:
+            file.write(f"{worker.rank} {os.getpid()}\n")
 
-    entry.__globals__["Rollout"] = Recorded
+    # the pipeline's own rollout worker, telling the test its process id
+    entry.__globals__["Rollout"] = type("Recorded", (entry.__globals__["Rollout"],), {"__init__": record_pid})
     cluster = hwplace.Cluster(config["cluster"])
     job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster))
     outcome: list[BaseException] = []
@@ -137,7 +137,8 @@ def test_run_reports_a_failed_job_with_exit_code_1(hwplace_local_ray: LocalRay, 
 
         class Broken(hwplace.Worker):
             def work(self):
-                raise ValueError(f"rank {self.rank} cannot work")
+                if self.rank == 1:
+                    raise ValueError(f"rank {self.rank} cannot work")
 
         def main(job):
             job.launch(Broken, "broken").work().wait()
@@ -148,8 +149,8 @@ def test_run_reports_a_failed_job_with_exit_code_1(hwplace_local_ray: LocalRay, 
     out, err = io.StringIO(), io.StringIO()
     assert main(["run", str(tmp_path / "job.yaml")], out, err) == 1
     assert "broken: 2 processes on group node" in out.getvalue()
-    assert err.getvalue().startswith("hwplace: error: group 'broken' rank 0 on node 0: work() raised ValueError: "
-                                     "rank 0 cannot work\n")
+    assert err.getvalue().startswith("hwplace: error: group 'broken' rank 1 on node 0: work() raised ValueError: "
+                                     "rank 1 cannot work\n")
     assert "Remote traceback:" in err.getvalue()
     # the failed job's group was shut down: its name is free again
     assert main(["run", str(tmp_path / "job.yaml")], io.StringIO(), io.StringIO()) == 1
