@@ -176,6 +176,10 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if set(types) != {FAKE_ACCELERATOR}:
             raise ConfigError("--nodes", "a simulated cluster has fake accelerators only", value=args.nodes,
                               allowed="4x8 or 8,8,4 without a :type; plan other types with hwplace plan --nodes")
+        wanted = parse_cluster_config(cluster_section(config)).num_nodes
+        if wanted > len(counts):
+            raise ConfigError("--nodes", f"gives {plural(len(counts), 'node')} but cluster.num_nodes is {wanted}",
+                              value=args.nodes, allowed=f"at least {wanted} nodes, such as --nodes {wanted}x4")
     run_job(config, accelerators_per_node=counts, out=out, base=os.path.dirname(os.path.abspath(args.config)))
     return 0
 

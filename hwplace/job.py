@@ -119,7 +119,8 @@ def load_entrypoint(config: Mapping[str, Any], base: Path) -> Callable[[Job], An
         file = (base / where).resolve()
         if not file.is_file():
             raise ConfigError(path, f"there is no file {str(file)!r}", value=spec, allowed=ENTRYPOINT_FORMS)
-        sys.path.insert(0, str(file.parent))  # its sibling modules import as they would for a script
+        if str(file.parent) not in sys.path:  # its sibling modules import as they would for a script
+            sys.path.insert(0, str(file.parent))
         namespace = runpy.run_path(str(file), run_name=f"__hwplace_job_{file.stem}__")
         source = str(file)
     else:
@@ -139,17 +140,13 @@ def load_entrypoint(config: Mapping[str, Any], base: Path) -> Callable[[Job], An
 
 
 @contextlib.contextmanager
-def _simulated(accelerators_per_node: int | Sequence[int] | None, section: Mapping[str, Any]) -> Iterator[None]:
-    """A throwaway local Ray cluster of that many fake accelerators per node, for the block; or nothing."""
-    if accelerators_per_node is None:
+def _simulated(counts: list[int] | None) -> Iterator[None]:
+    """A throwaway local Ray cluster with ``counts`` fake accelerators on its nodes, for the block; or nothing."""
+    if counts is None:
         yield
         return
-    if section.get("address") not in (None, "local"):
-        raise ConfigError("cluster.address", "is set, but a simulated cluster runs on this machine",
-                          value=section.get("address"), allowed="leave out one of the two")
     from hwplace.testing import local_ray_cluster
 
-    counts = [accelerators_per_node] if isinstance(accelerators_per_node, int) else list(accelerators_per_node)
     with local_ray_cluster(len(counts), counts):
         yield
 
@@ -179,10 +176,14 @@ def run_job(
     if base is None:
         base = Path(os.fsdecode(config)).parent if isinstance(config, str | os.PathLike) else Path.cwd()
     entry = load_entrypoint(loaded, Path(base))
+    counts = None
     if accelerators_per_node is not None:
         counts = [accelerators_per_node] if isinstance(accelerators_per_node, int) else list(accelerators_per_node)
+        if section.get("address") not in (None, "local"):
+            raise ConfigError("cluster.address", "is set, but a simulated cluster runs on this machine",
+                              value=section.get("address"), allowed="leave out one of the two")
         ComponentPlacement(loaded, fake_cluster(section, num_nodes=len(counts), accelerators_per_node=counts))
-    with _simulated(accelerators_per_node, section):
+    with _simulated(counts):
         cluster = Cluster(cluster_cfg=section)
         placement = ComponentPlacement(loaded, cluster)
         print_plan(placement, out or sys.stdout)

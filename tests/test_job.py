@@ -229,3 +229,9 @@ def test_the_colocated_variant_shares_each_trainer_ranks_accelerator_with_a_roll
     rollout, trainer = plan.get_placements("rollout"), plan.get_placements("trainer")
     assert [p.env for p in rollout] == [p.env for p in trainer] == [{"FAKE_VISIBLE_DEVICES": "0"},
                                                                     {"FAKE_VISIBLE_DEVICES": "1"}]
+
+
+def test_run_refuses_a_simulated_cluster_smaller_than_the_config() -> None:
+    code, _, err = run_cli(str(PIPELINE / "multinode.yaml"), "--nodes", "1x4")
+    assert (code, err) == (2, "hwplace: error: --nodes: gives 1 node but cluster.num_nodes is 2 (got '1x4'); at "
+                              "least 2 nodes, such as --nodes 2x4\n")
