@@ -63,7 +63,7 @@ COMMAND_TIME_LIMIT = 120  # seconds for one command or fresh process that a doc 
 FENCE = re.compile(r"^( *)(`{3,}|~{3,})\s*([\w+-]*)")
 DIRECTIVE = re.compile(r"^<!--\s*(file|not run|run)\s*:\s*(.*?)\s*-->$")
 DIRECTIVE_LIKE = re.compile(r"^<!--\s*(file|not run|run)\b")
-RAY_CODE = re.compile(r"\bhwplace\.Cluster\(|\bChannel\.(?:create|connect)\(|\.launch\(")
+RAY_CODE = re.compile(r"\bhwplace\.Cluster\(|\bChannel\.(?:create|connect)\(|\.launch\(|\brun_job\(")
 NODE_ID = re.compile(r"\b[0-9a-f]{12,}\b")
 IPV4 = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b")
 
