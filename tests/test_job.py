@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,25 @@ def test_a_setting_of_the_wrong_type_is_refused(value: object, default: object, 
         job.settings(key=default)
 
 
+def test_a_job_without_settings_says_it_has_none() -> None:
+    with pytest.raises(hwplace.ConfigError, match=r"^job\.steps: is not a setting of this job; settings: none$"):
+        job_with({"entrypoint": "x.py:main", "steps": 5}).settings()
+
+
+def test_a_setting_of_the_wrong_type_names_its_default() -> None:
+    with pytest.raises(hwplace.ConfigError, match=r"^job\.steps: must be an int, like its default 30 \(got '5'\)$"):
+        job_with({"entrypoint": "x.py:main", "steps": "5"}).settings(steps=30)
+
+
+def test_a_job_holds_what_it_was_given() -> None:
+    config = {"job": {}, "cluster": {"num_nodes": 1, "component_placement": {"a": "0"}}}
+    cluster = fake_cluster(config["cluster"], accelerators_per_node=1)
+    placement = hwplace.ComponentPlacement(config, cluster)
+    job = Job(config, cluster, placement)
+    assert (job.config, job.cluster, job.placement, job.groups) == (config, cluster, placement, {})
+    job.shutdown()  # nothing launched: nothing to do
+
+
 def test_a_setting_whose_default_is_none_takes_anything() -> None:
     assert job_with({"entrypoint": "x.py:main", "key": [1, 2]}).settings(key=None).key == [1, 2]
 
@@ -71,10 +91,11 @@ def write(folder: Path, name: str, text: str) -> Path:
 
 
 def test_a_file_entry_point_is_read_relative_to_the_base_and_imports_its_siblings(tmp_path: Path) -> None:
-    write(tmp_path, "jobs/helper_for_job_test.py", "ANSWER = 42\n")
-    write(tmp_path, "jobs/my_job.py", """
+    sibling = f"helper_{uuid.uuid4().hex}"  # a name no earlier test imported
+    write(tmp_path, f"jobs/{sibling}.py", "ANSWER = 42\n")
+    write(tmp_path, "jobs/my_job.py", f"""
         import dataclasses
-        from helper_for_job_test import ANSWER
+        from {sibling} import ANSWER
 
         @dataclasses.dataclass
         class Item:
@@ -83,11 +104,20 @@ def test_a_file_entry_point_is_read_relative_to_the_base_and_imports_its_sibling
         def main(job):
             return Item(ANSWER)
         """)
-    entry = load_entrypoint({"job": {"entrypoint": "jobs/my_job.py:main"}}, tmp_path)
+    write(tmp_path, f"elsewhere/{sibling}.py", "ANSWER = 0\n")  # a module of the same name, first on the path
+    sys.path.insert(0, str(tmp_path / "elsewhere"))
+    try:
+        entry = load_entrypoint({"job": {"entrypoint": "jobs/my_job.py:main"}}, tmp_path)
+    finally:
+        sys.path.remove(str(tmp_path / "elsewhere"))
     item = entry(job_with({}))
-    assert item.value == 42
+    assert item.value == 42  # the job's own sibling, as for a script
     # Like a __main__ script's, the file's module is not left importable: its classes pickle by value
+    assert type(item).__module__ == "__hwplace_job_my_job__"
     assert type(item).__module__ not in sys.modules
+    load_entrypoint({"job": {"entrypoint": "jobs/my_job.py:main"}}, tmp_path)
+    assert sys.path.count(str(tmp_path / "jobs")) == 1  # on the path once, however often it is loaded
+    sys.path.remove(str(tmp_path / "jobs"))
     with pytest.raises(pickle.PicklingError, match=r"Item"):
         pickle.dumps(item)
 
@@ -107,8 +137,10 @@ def test_a_module_entry_point_is_imported() -> None:
     ({"entrypoint": "a:b:c"}, r"^job\.entrypoint: must name a function"),
     ({"entrypoint": ":main"}, r"^job\.entrypoint: must name a function"),
     ({"entrypoint": 7}, r"^job\.entrypoint: must name a function \(got 7\)"),
-    ({"entrypoint": "missing.py:main"}, r"^job\.entrypoint: there is no file '.*missing\.py' \(got "),
-    ({"entrypoint": "no_such_module_here:main"}, r"^job\.entrypoint: there is no module 'no_such_module_here'"),
+    ({"entrypoint": "missing.py:main"}, r"^job\.entrypoint: there is no file '.*missing\.py' \(got "
+                                        r"'missing\.py:main'\); 'file\.py:function' \(a path"),
+    ({"entrypoint": "no_such_module_here:main"}, r"^job\.entrypoint: there is no module 'no_such_module_here' "
+                                                 r"\(got 'no_such_module_here:main'\); 'file\.py:function'"),
     ({"entrypoint": "json:dump_it"}, r"^job\.entrypoint: module json has no function 'dump_it'; did you mean "
                                      r"'dump'\? \(got 'json:dump_it'\); a function that takes the hwplace\.Job$"),
 ])
@@ -130,7 +162,13 @@ def test_a_missing_import_inside_the_entry_module_shows_the_real_error(tmp_path:
 
 def test_a_file_entry_that_is_not_a_function_is_refused(tmp_path: Path) -> None:
     write(tmp_path, "job.py", "main = 3\ndef run(job):\n    pass\n")
-    with pytest.raises(hwplace.ConfigError, match=r"job\.py has no function 'main'"):
+    with pytest.raises(hwplace.ConfigError, match=r"job\.py has no function 'main' \(got "):
+        load_entrypoint({"job": {"entrypoint": "job.py:main"}}, tmp_path)
+
+
+def test_only_public_functions_are_suggested_for_a_misspelt_entry(tmp_path: Path) -> None:
+    write(tmp_path, "job.py", "maine = 3\ndef _main(job):\n    pass\ndef mainly(job):\n    pass\n")
+    with pytest.raises(hwplace.ConfigError, match=r"has no function 'main'; did you mean 'mainly'\? \(got "):
         load_entrypoint({"job": {"entrypoint": "job.py:main"}}, tmp_path)
 
 
