@@ -1,18 +1,46 @@
-"""Shared fixtures: a fresh plugin manager, and vendor distributions installed into a temporary path."""
+"""Shared fixtures: a fresh plugin manager, vendor distributions installed into a temporary path, and the
+``time_limit`` marker."""
 
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hwplace import plugin_manager
 
 FakeDistribution = Callable[..., Path]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "time_limit(seconds): the test fails with TimeoutError after that many "
+                                       "seconds rather than hang (SIGALRM; mutmut's own timeout counts CPU time)")
+
+
+@pytest.fixture(autouse=True)
+def _time_limit(request: pytest.FixtureRequest) -> Iterator[None]:
+    marker = request.node.get_closest_marker("time_limit")
+    if marker is None:
+        yield
+        return
+    seconds = int(marker.args[0])
+
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"the test took over {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture

@@ -30,6 +30,9 @@ from hwplace import executor as executor_module
 from hwplace.channel_wire import HELLO, PUT, REPLY, encode_request
 from hwplace.executor import ChannelAddress, ObjectStore
 
+# No test here may hang (under mutation testing a broken channel would wait forever): 60 s at most.
+pytestmark = pytest.mark.time_limit(60)
+
 HOST = """
 import asyncio, os, sys
 from pathlib import Path
@@ -113,20 +116,6 @@ def executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessExecut
     executor = ProcessExecutor(tmp_path_factory.mktemp("channels"))
     yield executor
     executor.stop()
-
-
-@pytest.fixture(autouse=True)
-def bounded() -> Iterator[None]:
-    """No test here may hang (under mutation testing a broken channel would wait forever): 60 s at most."""
-
-    def expire(signum: int, frame: Any) -> None:
-        raise TimeoutError("the test took over 60 s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(autouse=True)

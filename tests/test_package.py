@@ -6,7 +6,10 @@ import inspect
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 import hwplace
 from hwplace import hookspecs
@@ -57,3 +60,9 @@ def test_every_hook_is_tested() -> None:
     tests = [p.read_text() for p in (ROOT / "tests").rglob("test_*.py") if p.resolve() != this]
     for name in hook_names():
         assert any(f"def {name}(" in text for text in tests), f"no test implements {name}"
+
+
+@pytest.mark.time_limit(1)
+def test_the_time_limit_marker_ends_a_test_that_runs_over() -> None:
+    with pytest.raises(TimeoutError, match=r"^the test took over 1 s$"):
+        time.sleep(5)

@@ -24,18 +24,7 @@ PIPELINE = Path(__file__).resolve().parents[3] / "examples" / "rl-pipeline"
 STEPS = 6
 TOKENS = 1024  # per rank and step
 
-
-@pytest.fixture(autouse=True)
-def bounded():
-    """A broken pipeline fails its test rather than hangs the suite."""
-    def expire(signum, frame):
-        raise TimeoutError("the pipeline test ran for more than 240 s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(240)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
+pytestmark = pytest.mark.time_limit(240)  # a broken pipeline fails its test rather than hangs the suite
 
 
 def run_variant(name: str) -> tuple[dict[str, Any], str]:
