@@ -9,12 +9,16 @@ from __future__ import annotations
 import pluggy
 
 from hwplace import testing
-from hwplace.balance import balanced_split, imbalance
-from hwplace.channel import Channel, ChannelHandle
-from hwplace.cluster import Cluster, Node
-from hwplace.component import ComponentPlacement
-from hwplace.config import ClusterConfig, NodeGroup, parse_cluster_config
-from hwplace.errors import (
+from hwplace.application.job import Job, run_job
+from hwplace.channels.balance import balanced_split, imbalance
+from hwplace.channels.channel import Channel, ChannelHandle
+from hwplace.config.loading import load_config
+from hwplace.config.records import ClusterConfig, NodeGroup
+from hwplace.config.section import parse_cluster_config
+from hwplace.contracts.executor import Executor, Handle
+from hwplace.contracts.hardware import Device, HardwareBackend, NoDevices
+from hwplace.contracts.records import Node, Placement
+from hwplace.foundation.errors import (
     ChannelClosed,
     ChannelEmpty,
     ChannelFull,
@@ -26,22 +30,18 @@ from hwplace.errors import (
     PluginError,
     WorkerError,
 )
-from hwplace.executor import Executor, Handle
-from hwplace.group import WorkerGroup
-from hwplace.hardware import Device, HardwareBackend, NoDevices
-from hwplace.job import Job, run_job
-from hwplace.loading import load_config
-from hwplace.placement import Placement
-from hwplace.plugin_manager import PluginManager, get_plugin_manager
-from hwplace.strategies import (
+from hwplace.foundation.version import __version__
+from hwplace.inventory.cluster import Cluster
+from hwplace.planning.component import ComponentPlacement
+from hwplace.planning.strategies import (
     FlexiblePlacementStrategy,
     NodePlacementStrategy,
     PackedPlacementStrategy,
     PlacementStrategy,
 )
-from hwplace.worker import Worker
-
-__version__ = "0.1.0"
+from hwplace.plugin.manager import PluginManager, get_plugin_manager
+from hwplace.runtime.group import WorkerGroup
+from hwplace.runtime.worker import Worker
 
 hookimpl = pluggy.HookimplMarker("hwplace")
 """Marks a function of a hwplace plugin as a hook implementation."""

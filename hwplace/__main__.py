@@ -1,5 +1,5 @@
 """``python -m hwplace``: the same as the ``hwplace`` command."""
 
-from hwplace.cli import main
+from hwplace.application.cli import main
 
 raise SystemExit(main())

@@ -1,30 +1,29 @@
-"""What an executor is: the runtime that discovers a cluster's nodes and runs workers on them.
+"""Everything an executor plugin's author needs, in one public module (the façade over the layers).
 
-The built-in one is Ray (``plugins/ray``); ``cluster.executor`` in the config names the one to use. This
-module is the whole interface for writing one: subclass :class:`Executor` (and :class:`GroupRuntime`,
-:class:`Handle`); on each node run :func:`detect_here`; in each worker process host the worker with
-:func:`start_worker` and :func:`run_method` / :func:`run_method_async`.
+Subclass :class:`Executor` (and :class:`GroupRuntime`, :class:`Handle`, :class:`ObjectStore`); on each node
+run :func:`detect_here`; in each worker process host the worker with :func:`start_worker` and
+:func:`run_method` / :func:`run_method_async`; serve a channel with :class:`ChannelServer`. The contract
+itself is :mod:`hwplace.contracts.executor`. No module of hwplace imports this one.
 """
 
 from __future__ import annotations
 
-import pickle
-from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
-
-from hwplace.errors import ConfigError
-from hwplace.hardware import PLUGIN_NAME, Device
-from hwplace.wording import safe_repr
-from hwplace.worker import RemoteFailure, WorkerContext, run_method, run_method_async, start_worker
-
-if TYPE_CHECKING:
-    from hwplace.channel_server import ChannelServer
-    from hwplace.cluster import Node
-    from hwplace.config import ClusterConfig
-    from hwplace.placement import Placement
-    from hwplace.plugin_manager import PluginManager
-    from hwplace.worker import Worker
+from hwplace.channels.server import ChannelServer
+from hwplace.contracts.executor import (
+    ChannelAddress,
+    Executor,
+    GroupRequest,
+    GroupRuntime,
+    Handle,
+    ObjectStore,
+    WorkerSpec,
+    check_executor,
+)
+from hwplace.contracts.records import WorkerContext
+from hwplace.inventory.detection import detect_here
+from hwplace.plugin.current import current_executor, set_current_executor
+from hwplace.plugin.detection import detect_timeout
+from hwplace.runtime.hosting import RemoteFailure, run_method, run_method_async, start_worker
 
 __all__ = [
     "ChannelAddress",
@@ -37,224 +36,12 @@ __all__ = [
     "RemoteFailure",
     "WorkerContext",
     "WorkerSpec",
+    "check_executor",
     "current_executor",
     "detect_here",
     "detect_timeout",
     "run_method",
     "run_method_async",
+    "set_current_executor",
     "start_worker",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "ChannelServer":  # imported on use: it needs asyncio, which plain planning does not
-        from hwplace.channel_server import ChannelServer
-
-        return ChannelServer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def detect_here(
-    declared: Mapping[str, Sequence[Mapping[str, Any]]],
-) -> tuple[dict[str, tuple[Device, ...]], dict[str, str]]:
-    """Run every backend's detection on this node (run it on each node during ``discover``).
-
-    ``declared`` maps a device backend's name to this node's configs for it. Returns the devices and the
-    problems found, by backend name (or ``plugin 'x'``). Cached per process, like all detection.
-    """
-    from hwplace.cluster import detect_node_hardware
-    from hwplace.plugin_manager import get_plugin_manager
-
-    return detect_node_hardware(declared, manager=get_plugin_manager())
-
-
-def detect_timeout() -> float:
-    """The time bound of one backend's ``detect`` (``HWPLACE_DETECT_TIMEOUT`` seconds, 10 by default)."""
-    from hwplace import plugin_manager
-
-    return plugin_manager.detect_timeout()
-
-
-class Handle:
-    """A call in flight on one or more workers of a group; its results come back in rank order.
-
-    ``wait(timeout=None)`` returns them, raising :class:`hwplace.WorkerError` for the first rank that failed
-    and ``TimeoutError`` when ``timeout`` seconds elapse (the call goes on, and ``wait`` may be called again).
-    ``done()`` says whether every rank has answered; ``await handle`` waits inside async code.
-    """
-
-    def wait(self, timeout: float | None = None) -> list[Any]:
-        raise NotImplementedError(f"{type(self).__name__}.wait")
-
-    def done(self) -> bool:
-        raise NotImplementedError(f"{type(self).__name__}.done")
-
-    @property
-    def num_done(self) -> int:
-        """How many ranks have answered so far."""
-        raise NotImplementedError(f"{type(self).__name__}.num_done")
-
-    async def wait_async(self) -> list[Any]:
-        """``wait()`` for async code; ``await handle`` calls it."""
-        raise NotImplementedError(f"{type(self).__name__}.wait_async")
-
-    def __await__(self) -> Generator[Any, None, list[Any]]:
-        return self.wait_async().__await__()
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What one worker process is started with.
-
-    ``process_env`` (the group's ``env_configs``) and ``python_interpreter_path`` take effect when the process
-    starts; ``env`` (``process_env`` again, then the isolation and torch.distributed variables) is set in the
-    process before the worker class is loaded, so nothing the runtime changed in between survives.
-    """
-
-    placement: Placement
-    node: Node
-    env: Mapping[str, str]
-    process_env: Mapping[str, str]
-    python_interpreter_path: str | None
-
-
-@dataclass(frozen=True)
-class GroupRequest:
-    """A group to start: its name, worker class, constructor arguments and one spec per rank."""
-
-    name: str
-    worker_class: type[Worker]
-    args: tuple[Any, ...]
-    kwargs: Mapping[str, Any]
-    workers: Sequence[WorkerSpec]
-
-
-class GroupRuntime:
-    """The running workers of one group, as an executor holds them."""
-
-    def ready(self) -> Handle:
-        """A handle on the constructors: its ``wait`` raises ``WorkerError`` for a rank whose constructor failed."""
-        raise NotImplementedError(f"{type(self).__name__}.ready")
-
-    def call(self, ranks: Sequence[int], method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Handle:
-        """Call ``method`` on the workers of ``ranks``, without waiting."""
-        raise NotImplementedError(f"{type(self).__name__}.call")
-
-    def shutdown(self) -> None:
-        """Stop every worker and free the group's name."""
-        raise NotImplementedError(f"{type(self).__name__}.shutdown")
-
-class ObjectStore:
-    """How a channel's payloads travel; an executor subclasses it. Instances must pickle.
-
-    Items pickle with :meth:`dumps` and travel inside the channel's messages, except large ones: those go
-    by :meth:`stash` into the executor's object store, handed to the channel's host, and the message carries
-    only their key; the consumer gets them back with :meth:`fetch`.
-    """
-
-    def dumps(self, item: Any, buffer_callback: Callable[[pickle.PickleBuffer], Any]) -> bytes:
-        """Pickle ``item`` (protocol 5, large buffers out of band through ``buffer_callback``)."""
-        return pickle.dumps(item, protocol=5, buffer_callback=buffer_callback)
-
-    def stash(self, item: Any) -> bytes:
-        """Put ``item`` in the object store, held by the channel's host; returns its 16-byte key."""
-        raise NotImplementedError(f"{type(self).__name__}.stash")
-
-    def fetch(self, keys: Sequence[bytes]) -> list[Any]:
-        """Take the stashed items of ``keys`` from the channel's host, in order."""
-        raise NotImplementedError(f"{type(self).__name__}.fetch")
-
-
-@dataclass(frozen=True)
-class ChannelAddress:
-    """Where a channel's host serves (a :class:`ChannelServer`) and how to reach it; it pickles.
-
-    ``where`` describes the host's place for messages (``"node 10.0.0.2"``).
-    """
-
-    name: str
-    host: str
-    port: int
-    token: bytes
-    maxsize: int
-    where: str
-    store: ObjectStore
-
-
-class Executor:
-    """Base class of an executor plugin; subclass it and return an instance from ``hwplace_executors()``.
-
-    An executor imports its runtime (Ray, ...) only when one of its methods is called, never at import.
-    """
-
-    name: ClassVar[str] = ""
-
-    def discover(self, config: ClusterConfig, plugin_manager: PluginManager) -> list[Node]:
-        """Connect to (or start) the runtime ``config.address`` names and return its live nodes, in rank order.
-
-        Each node's hardware is what every registered backend detects on that node, plus the devices
-        ``config`` declares for it. Fewer live nodes than ``config.num_nodes`` raises ``ConfigError``.
-        """
-        raise NotImplementedError(f"{type(self).__name__}.discover")
-
-    def free_port(self, node: Node) -> int:
-        """A TCP port free on ``node`` now (the group's ``MASTER_PORT``, picked on rank 0's node)."""
-        raise NotImplementedError(f"{type(self).__name__}.free_port")
-
-    def start_group(self, request: GroupRequest) -> GroupRuntime:
-        """Start one worker per spec, each on its node; a name already in use is a ``ConfigError``.
-
-        Returns without waiting for the constructors (``GroupRuntime.ready`` does).
-        """
-        raise NotImplementedError(f"{type(self).__name__}.start_group")
-
-    def create_channel(self, name: str, maxsize: int, group: str | None, rank: int) -> ChannelAddress:
-        """Start the host of a new channel, serving a :class:`ChannelServer`, and return its address.
-
-        The host runs on the node of ``group``'s worker ``rank``, or on this process's node when ``group`` is
-        ``None``. A name in use is a ``ConfigError``.
-        """
-        raise NotImplementedError(f"{type(self).__name__}.create_channel")
-
-    def connect_channel(self, name: str) -> ChannelAddress:
-        """The address of the channel called ``name``; ``ConfigError`` naming the channels there are if none."""
-        raise NotImplementedError(f"{type(self).__name__}.connect_channel")
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r}>"
-
-
-def check_executor(executor: object) -> str | None:
-    """Say what is wrong with an executor object a plugin returned, or ``None`` when it is usable."""
-    if not isinstance(executor, Executor):
-        return f"{safe_repr(executor)} is not a hwplace.Executor"
-    try:
-        name = executor.name
-    except Exception as exc:
-        return f"reading {type(executor).__name__}.name raised {safe_repr(exc)}"
-    if not isinstance(name, str) or not PLUGIN_NAME.match(name):
-        return (f"{type(executor).__name__}.name is {safe_repr(name)}; an executor name is 1 to 64 lower-case "
-                "letters, digits, '.', '_' and '-'")
-    return None
-
-
-_current: list[Executor | str] = []
-
-
-def set_current_executor(executor: Executor | str) -> None:
-    """Make ``executor`` (or the one of that name) the one this process's channels use."""
-    _current[:] = [executor]
-
-
-def current_executor() -> Executor:
-    """The executor of this process: the one of the last cluster started here, or the worker's own."""
-    if not _current:
-        raise ConfigError("channel", "there is no running cluster in this process",
-                          allowed="start one first with hwplace.Cluster(cluster_cfg), or use channels inside workers")
-    executor = _current[0]
-    if isinstance(executor, str):
-        from hwplace.plugin_manager import get_plugin_manager
-
-        executor = get_plugin_manager().executor(executor)
-        _current[:] = [executor]
-    return executor

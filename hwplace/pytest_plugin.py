@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from hwplace.testing import local_ray_cluster
+
 
 @dataclass(frozen=True)
 class LocalRay:
@@ -31,8 +33,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def hwplace_local_ray(pytestconfig: pytest.Config) -> Iterator[LocalRay]:
     """A real multi-node Ray cluster on this machine (``hwplace.testing.local_ray_cluster``), shared by the
     session; the driver stays connected to it until the session ends."""
-    from hwplace.testing import local_ray_cluster
-
     nodes = int(pytestconfig.getini("hwplace_ray_nodes"))
     accelerators = int(pytestconfig.getini("hwplace_ray_accelerators"))
     with local_ray_cluster(nodes, accelerators) as address:

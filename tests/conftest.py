@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hwplace import plugin_manager
+from hwplace.plugin import manager as plugin_manager
 
 FakeDistribution = Callable[..., Path]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import hwplace
-from hwplace import hookspecs
+from hwplace.contracts import hookspecs
 
 ROOT = Path(__file__).resolve().parents[1]
 

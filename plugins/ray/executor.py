@@ -30,7 +30,7 @@ HEAD_RESOURCE = "node:__internal_head__"
 
 def import_ray() -> ModuleType:
     try:
-        import ray
+        import ray  # noqa: PLC0415 (optional: Ray, imported on first use)
     except ImportError as exc:
         raise ConfigError("cluster.executor", f"the Ray executor needs Ray, which is not installed ({exc})",
                           allowed="pip install 'hwplace[ray]'") from None
@@ -90,7 +90,7 @@ class RayExecutor(hwplace.Executor):
         """A Ray remote function or actor class of this plugin, made once per process."""
         if name not in self._remote:
             ray = import_ray()
-            from hwplace_plugins.ray import channel, probe, runtime
+            from hwplace_plugins.ray import channel, probe, runtime  # noqa: PLC0415 (they import Ray: loaded on first use)
 
             made = {
                 "inspect_node": lambda: ray.remote(num_cpus=0, max_retries=0)(probe.inspect_node),
@@ -128,7 +128,7 @@ class RayExecutor(hwplace.Executor):
 
         A node that does not answer in time, or whose probe fails, is a ``ConfigError`` with the table.
         """
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415 (optional: Ray)
 
         inspect = self.remote("inspect_node")
         refs = [inspect.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False))
@@ -154,14 +154,14 @@ class RayExecutor(hwplace.Executor):
 
     def free_port(self, node: Node) -> int:
         ray = import_ray()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415 (optional: Ray)
 
         task = self.remote("free_port").options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id,
                                                                                                  soft=False))
         return int(ray.get(task.remote(), timeout=STARTUP_ALLOWANCE))
 
     def start_group(self, request: GroupRequest) -> GroupRuntime:
-        from hwplace_plugins.ray.runtime import RayGroupRuntime
+        from hwplace_plugins.ray.runtime import RayGroupRuntime  # noqa: PLC0415 (imports Ray: loaded on first use)
 
         with self._lock:
             if request.name in self._groups:
@@ -180,7 +180,7 @@ class RayExecutor(hwplace.Executor):
 
     def create_channel(self, name: str, maxsize: int, group: str | None, rank: int) -> ChannelAddress:
         ray = import_ray()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415 (optional: Ray)
 
         node_id = ray.get_runtime_context().get_node_id() if group is None else self._node_of(group, rank)
         try:
@@ -206,8 +206,8 @@ class RayExecutor(hwplace.Executor):
 
     def _address(self, name: str, actor: Any) -> ChannelAddress:
         ray = import_ray()
-        from hwplace_plugins.ray.channel import RayObjectStore
-        from hwplace_plugins.ray.runtime import first_line
+        from hwplace_plugins.ray.channel import RayObjectStore  # noqa: PLC0415 (imports Ray: loaded on first use)
+        from hwplace_plugins.ray.runtime import first_line  # noqa: PLC0415 (imports Ray: loaded on first use)
 
         try:
             host, port, token, maxsize, node_id = ray.get(actor.start.remote())
@@ -230,7 +230,7 @@ class RayExecutor(hwplace.Executor):
 
 def internal_kv() -> ModuleType:
     """Ray's key-value store in its control service: the directory of running groups, readable from workers."""
-    from ray.experimental import internal_kv
+    from ray.experimental import internal_kv  # noqa: PLC0415 (optional: Ray)
 
     return internal_kv
 

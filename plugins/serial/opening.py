@@ -6,6 +6,7 @@ pyserial is imported only when a port is opened or listed, never when the plugin
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -18,8 +19,6 @@ MISSING, DENIED, BUSY, OTHER = "no such port", "permission denied", "busy", "can
 
 def import_pyserial() -> Any:
     """The ``serial`` module (pyserial), with ``serial.tools.list_ports`` loaded; ImportError when missing."""
-    import importlib
-
     serial = importlib.import_module("serial")
     importlib.import_module("serial.tools.list_ports")
     if not hasattr(serial, "serial_for_url"):  # another distribution's "serial" module
@@ -29,7 +28,7 @@ def import_pyserial() -> Any:
 
 def _group_hint(port: str) -> str:
     try:
-        import grp
+        import grp  # noqa: PLC0415 (POSIX only)
 
         group = grp.getgrgid(os.stat(port).st_gid).gr_name
     except (ImportError, OSError, KeyError):

@@ -161,7 +161,7 @@ def _guarded(base: type) -> type:
     serial = import_pyserial()
     failures: tuple[type[BaseException], ...] = (serial.SerialException, OSError)
     try:
-        import termios
+        import termios  # noqa: PLC0415 (POSIX only)
 
         failures += (termios.error,)
     except ImportError:  # not on a POSIX system

@@ -14,10 +14,10 @@ from nvml_standin import FUNCTIONS, FakeGpu, FakeMig, FakeNvml
 
 import hwplace
 import hwplace_plugins.cuda
-from hwplace.cli import main
-from hwplace.conformance import BackendConformance  # (hwplace.testing loads it lazily: Any to mypy)
-from hwplace.plugin_manager import PluginManager
+from hwplace.application.cli import main
+from hwplace.plugin.manager import PluginManager
 from hwplace.testing import fake_cluster, registered_plugin
+from hwplace.testing.conformance import BackendConformance  # (hwplace.testing loads it lazily: Any to mypy)
 from hwplace_plugins.cuda import MISSING, NVML_FUNCTIONS, UNKNOWN_MODEL, CudaBackend
 from hwplace_plugins.cuda.mask import GpuIds, select
 

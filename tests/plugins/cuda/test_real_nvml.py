@@ -14,7 +14,7 @@ import pytest
 
 import hwplace
 import hwplace_plugins.cuda
-from hwplace.conformance import BackendConformance  # (hwplace.testing loads it lazily: Any to mypy)
+from hwplace.testing.conformance import BackendConformance  # (hwplace.testing loads it lazily: Any to mypy)
 from hwplace_plugins.cuda import CudaBackend
 
 pynvml = pytest.importorskip("pynvml", reason="pynvml is not installed: pip install 'hwplace[cuda]'")

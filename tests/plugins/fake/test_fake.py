@@ -7,7 +7,7 @@ import os
 import pytest
 
 import hwplace
-from hwplace.plugin_manager import PluginManager
+from hwplace.plugin.manager import PluginManager
 from hwplace_plugins.fake import FakeAccelerator, FakeRobot
 
 

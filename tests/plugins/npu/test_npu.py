@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import hwplace
-from hwplace.conformance import BackendConformance  # (hwplace.testing loads it lazily: Any to mypy)
-from hwplace.plugin_manager import PluginManager
+from hwplace.plugin.manager import PluginManager
 from hwplace.testing import fake_cluster
+from hwplace.testing.conformance import BackendConformance  # (hwplace.testing loads it lazily: Any to mypy)
 from hwplace_plugins import npu
 from hwplace_plugins.npu import NpuBackend, smi
 from hwplace_plugins.npu.command import Answer, run_all

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 import hwplace
-from hwplace.conformance import BackendConformance
+from hwplace.testing.conformance import BackendConformance
 from hwplace_plugins import npu
 from hwplace_plugins.npu import MASK_VARIABLE, RAY_OPT_OUT, NpuBackend
 

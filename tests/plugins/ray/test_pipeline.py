@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import hwplace
-from hwplace.cli import main
-from hwplace.job import load_entrypoint
+from hwplace.application.cli import main
+from hwplace.application.job import load_entrypoint
 from hwplace.pytest_plugin import LocalRay
 
 PIPELINE = Path(__file__).resolve().parents[3] / "examples" / "rl-pipeline"

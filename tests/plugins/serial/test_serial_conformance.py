@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from hwplace.conformance import BackendConformance
+from hwplace.testing.conformance import BackendConformance
 from hwplace_plugins import serial
 
 

@@ -24,7 +24,7 @@ import pytest
 
 import hwplace
 import hwplace_plugins.serial as serial_robot
-from hwplace.plugin_manager import PluginManager
+from hwplace.plugin.manager import PluginManager
 from hwplace.testing import fake_cluster, registered_plugin
 from hwplace_plugins.serial import (
     RobotBusy,

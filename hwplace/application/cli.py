@@ -1,0 +1,235 @@
+"""The ``hwplace`` command: ``plan`` a config without launching anything, ``run`` a job, list ``hardware``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from hwplace.application.job import run_job
+from hwplace.application.report import plan_json, print_plan, table
+from hwplace.config.loading import apply_overrides, load_config
+from hwplace.config.section import cluster_section, parse_cluster_config
+from hwplace.contracts.hardware import Device
+from hwplace.foundation.errors import ConfigError, HwplaceError, PlacementError, PluginError
+from hwplace.foundation.version import __version__
+from hwplace.foundation.wording import ranks_text, safe_repr
+from hwplace.inventory.cluster import Cluster
+from hwplace.inventory.detection import detect_node_hardware
+from hwplace.inventory.offline import FAKE_ACCELERATOR, fake_cluster, parse_nodes
+from hwplace.planning.component import ComponentPlacement
+from hwplace.plugin.manager import PluginManager, get_plugin_manager
+
+EXIT_ERROR = 2
+EXIT_FAILED = 1  # the job ran and failed: a worker raised or died
+
+
+def _show_error(error: HwplaceError, err: TextIO) -> None:
+    err.write(f"hwplace: error: {error}\n")
+    if isinstance(error, PlacementError) and error.text is not None and error.span is not None:
+        start, end = error.span
+        lines = error.text.splitlines(keepends=True) or [""]
+        offset = 0
+        for line in lines:  # show the line the entry starts on, with the caret under the entry
+            if offset + len(line) > start or line is lines[-1]:
+                break
+            offset += len(line)
+        shown = line.rstrip("\r\n").expandtabs(1)
+        prefix = f"    {error.component or 'placement'}: "
+        width = max(min(end, offset + len(shown)) - start, 1)
+        err.write(f"{prefix}{shown}\n")
+        err.write(" " * (len(prefix) + start - offset) + "^" * width + "\n")
+
+
+def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    config = load_config(args.config)
+    section = cluster_section(config)
+    if args.nodes is not None:
+        # argparse turns the value '--' into an empty list: take it as the text it was
+        counts, types = parse_nodes(args.nodes if isinstance(args.nodes, str) else "--")
+        try:
+            cluster = fake_cluster(section, num_nodes=len(counts), accelerators_per_node=counts,
+                                   accelerator_type=types)
+        except ConfigError as exc:  # an unknown :type is the option's mistake: name the option
+            if exc.path != "accelerator_type":
+                raise
+            raise ConfigError("--nodes", exc.problem, allowed=exc.allowed) from None
+    else:
+        cluster = Cluster.this_machine(section)
+    for problem in cluster.problems:
+        err.write(f"hwplace: warning: {problem}\n")
+    try:
+        plan = ComponentPlacement(config, cluster)
+    except PlacementError:
+        if args.nodes is None and not any(cluster.accelerator_types(range(cluster.num_nodes))):
+            err.write("hwplace: note: no accelerator was detected on this machine; plan against a declared "
+                      "inventory instead, such as --nodes 2x8 or --nodes 2x8:cuda\n")
+        raise
+    if args.json:
+        json.dump(plan_json(plan), out, indent=2, default=safe_repr)
+        out.write("\n")
+    else:
+        print_plan(plan, out)
+    return 0
+
+
+def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    config = apply_overrides(load_config(args.config), args.overrides)
+    config.setdefault("job", {})  # a config without one is named as job.entrypoint's problem, with the forms
+    counts = None
+    if args.nodes is not None:
+        counts, types = parse_nodes(args.nodes if isinstance(args.nodes, str) else "--")
+        if set(types) != {FAKE_ACCELERATOR}:
+            raise ConfigError("--nodes", "a simulated cluster has fake accelerators only", value=args.nodes,
+                              allowed="4x8 or 8,8,4 without a :type; plan other types with hwplace plan --nodes")
+    try:
+        run_job(config, accelerators_per_node=counts, out=out, base=os.path.dirname(os.path.abspath(args.config)))
+    except ConfigError as exc:  # the simulated cluster's shape is the option's mistake: name the option
+        if exc.path != "accelerators_per_node":
+            raise
+        wanted = exc.allowed.split()[2] if exc.allowed else "N"  # "at least N nodes"
+        raise ConfigError("--nodes", exc.problem, value=args.nodes,
+                          allowed=f"{exc.allowed}, such as --nodes {wanted}x4") from None
+    return 0
+
+
+def _node_rank(args: argparse.Namespace, num_nodes: int) -> int:
+    raw = args.node_rank if args.node_rank is not None else os.environ.get("HWPLACE_NODE_RANK", "0")
+    where = "--node-rank" if args.node_rank is not None else "HWPLACE_NODE_RANK"
+    if not (str(raw).isascii() and str(raw).isdigit() and len(str(raw)) <= 7 and int(raw) < num_nodes):
+        raise ConfigError(where, f"{str(raw)[:20]!r} is not a node rank of this config",
+                          allowed=f"0 to {num_nodes - 1} (cluster.num_nodes is {num_nodes})")
+    return int(raw)
+
+
+IDENTITY_KEYS = ("uuid", "physical_id", "port", "url", "name", "hostname")
+"""Device properties that say which device it is, shown first by ``hwplace hardware``."""
+
+
+def _device_row(device: Device) -> list[str]:
+    identity = [f"{k}={device.properties[k]}" for k in IDENTITY_KEYS if k in device.properties]
+    details = [f"{k}={v}" for k, v in device.properties.items() if k not in IDENTITY_KEYS]
+    health = "healthy" if device.healthy else f"UNHEALTHY: {device.reason}"
+    return [str(device.index), device.model, health, " ".join(identity) or "-", " ".join(details)]
+
+
+def _why_none(manager: PluginManager, name: str, declared: Mapping[str, Any]) -> str | None:
+    """The reason a backend gave for finding nothing here (``NoDevices``), from the cached detection."""
+    if manager.backends()[name].kind == "device" and name not in declared:
+        return "its devices are declared in a config's hardware.configs: add --config job.yaml"
+    return manager.detect(name, declared.get(name, ())).absent
+
+
+def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    manager = get_plugin_manager()
+    declared: dict[str, list[Mapping[str, Any]]] = {}
+    elsewhere: list[int] = []
+    node_rank = 0
+    if args.config is not None:
+        config = parse_cluster_config(cluster_section(load_config(args.config)), plugin_manager=manager)
+        node_rank = _node_rank(args, config.num_nodes)
+        declared = config.declared_configs(node_rank)
+        elsewhere = [r for r in range(config.num_nodes) if r != node_rank and config.declared_configs(r)]
+    elif args.node_rank is not None:
+        raise ConfigError("--node-rank", "needs --config: it picks which node's declared devices to detect")
+    found, problems = detect_node_hardware(declared, manager=manager)
+    backends = manager.backends()
+    executors = manager.executors()
+    absent = {name: why for name in backends if not found.get(name) and name not in problems
+              and (why := _why_none(manager, name, declared))}
+    notes = []
+    if args.config is not None:
+        notes.append(f"devices {args.config} declares for node {node_rank} were detected here"
+                     if declared else f"{args.config} declares no devices for node {node_rank}")
+        if elsewhere:
+            notes.append(f"it also declares devices for {ranks_text(elsewhere)}: run this there with --node-rank "
+                         "(or HWPLACE_NODE_RANK) to check them")
+    if args.json:
+        json.dump({
+            "node_rank": node_rank,
+            "backends": [{"name": b.name, "kind": b.kind, "plugin": b.plugin, "distribution": b.distribution,
+                          "devices": [dataclasses.asdict(d) for d in found.get(b.name, ())],
+                          "problem": problems.get(b.name), "why_none": absent.get(b.name)}
+                         for b in sorted(backends.values(), key=lambda b: b.name)],
+            "executors": [{"name": name, "plugin": e.plugin, "distribution": e.distribution}
+                          for name, e in executors.items()],
+            "problems": [f"{what}: {why}" for what, why in problems.items()],
+            "notes": notes,
+        }, out, indent=2, default=safe_repr)
+        out.write("\n")
+        return 0
+    rows = [["backend", "kind", "plugin", "distribution", "devices here"]]
+    rows += [[b.name, b.kind, b.plugin, b.distribution,
+              f"0: {absent[b.name]}" if b.name in absent else str(len(found.get(b.name, ())))]
+             for b in sorted(backends.values(), key=lambda b: b.name)]
+    table(rows, out)
+    out.write("\n")
+    table([["executor", "plugin", "distribution"]]
+           + [[name, e.plugin, e.distribution] for name, e in executors.items()], out)
+    for name, devices in found.items():
+        out.write(f"\n{name}:\n")
+        table([["index", "model", "health", "identity", "details"]] + [_device_row(d) for d in devices], out)
+    for note in notes:
+        out.write(f"\nnote: {note}\n")
+    for what, why in problems.items():
+        err.write(f"hwplace: warning: {what}: {why}\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hwplace", description="Place a distributed job's processes on hardware.")
+    parser.add_argument("--version", action="version", version=f"hwplace {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    plan = commands.add_parser("plan", help="resolve every component of a config without launching anything")
+    plan.add_argument("config", help="YAML file with a cluster: section")
+    plan.add_argument("--nodes", help="plan on a declared inventory instead of this machine: 4x8 (4 nodes of 8 "
+                      "fake accelerators), 4x8:cuda (of 8 cuda GPUs), 2x8:my-tpu,1x4:cuda, or 8,8,4")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.set_defaults(run=_plan)
+    run = commands.add_parser("run", help="run a job: place its components, launch them, call its entry point",
+                              description="Connect to Ray (or start an embedded local one), place every component, "
+                              "print the plan, and call the function job.entrypoint names with a hwplace.Job.")
+    run.add_argument("config", help="YAML file with a cluster: section and a job: section naming the entry point")
+    run.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                     help="set config values before running, such as job.steps=5 or cluster.num_nodes=2")
+    run.add_argument("--nodes", help="run on a throwaway local Ray cluster of this shape, with fake accelerators: "
+                     "1x4 (one node of 4), 2x4, or 4,2")
+    run.set_defaults(run=_run)
+    hardware = commands.add_parser("hardware", help="list the registered backends and what they detect here")
+    hardware.add_argument("--config", help="also detect the devices this config declares for this node")
+    hardware.add_argument("--node-rank", help="which node of the config this machine is (default: "
+                          "$HWPLACE_NODE_RANK, else 0)")
+    hardware.add_argument("--json", action="store_true", help="print as JSON")
+    hardware.set_defaults(run=_hardware)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run the command line; returns the exit code: 2 for a configuration, placement or plugin error, 1 for a
+    job that failed (a worker raised or died)."""
+    out, err = out or sys.stdout, err or sys.stderr
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "run" and not any(e.startswith("-") for e in extra):
+        args.overrides += extra  # KEY=VALUE overrides given after --nodes
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        code: int = args.run(args, out, err)
+    except (ConfigError, PlacementError, PluginError) as error:
+        _show_error(error, err)
+        return EXIT_ERROR
+    except HwplaceError as error:  # the job started and failed: a worker raised or died, a channel was lost
+        _show_error(error, err)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        err.write("hwplace: interrupted\n")
+        return 130
+    except BrokenPipeError:  # the reader went away (`hwplace plan ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return code

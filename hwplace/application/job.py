@@ -1,0 +1,196 @@
+"""Jobs: a config whose ``job.entrypoint`` names the function that runs it, as ``hwplace run`` starts it.
+
+The entry point is called with a :class:`Job`: the loaded config, the connected cluster and its
+component placement, with helpers to read the job's own settings and to launch components.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import runpy
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, TextIO, TypeVar
+
+from hwplace.application.report import print_plan
+from hwplace.config.loading import load_config
+from hwplace.config.section import cluster_section, parse_cluster_config
+from hwplace.foundation.errors import ConfigError
+from hwplace.foundation.wording import did_you_mean, plural, safe_repr
+from hwplace.inventory.cluster import Cluster
+from hwplace.inventory.offline import fake_cluster
+from hwplace.planning.component import ComponentPlacement
+from hwplace.runtime.group import WorkerGroup
+from hwplace.runtime.local_cluster import local_ray_cluster
+from hwplace.runtime.worker import Worker
+
+ENTRYPOINT_FORMS = ("'file.py:function' (a path relative to the config's folder) or 'package.module:function' "
+                    "(an installed module)")
+ENTRYPOINT_KEY = "entrypoint"
+
+W = TypeVar("W", bound=Worker)
+
+
+class Job:
+    """What a job's entry point receives: ``config``, ``cluster`` and ``placement``, plus helpers."""
+
+    def __init__(self, config: Mapping[str, Any], cluster: Cluster, placement: ComponentPlacement) -> None:
+        self.config = dict(config)
+        self.cluster = cluster
+        self.placement = placement
+        self.groups: dict[str, WorkerGroup] = {}  # launched through this job, in launch order
+
+    def settings(self, **defaults: Any) -> SimpleNamespace:
+        """The job's own settings: ``defaults`` overridden by the config's ``job:`` section.
+
+        Every key of ``job:`` (but ``entrypoint``) must be one of ``defaults``, of the default's type (an
+        integer passes for a float); otherwise a :class:`~hwplace.ConfigError` names the key.
+        """
+        section = job_section(self.config)
+        values = dict(defaults)
+        for key, value in section.items():
+            if key == ENTRYPOINT_KEY:
+                continue
+            if key not in defaults:
+                raise ConfigError(f"job.{key}", "is not a setting of this job",
+                                  allowed=f"settings: {', '.join(sorted(defaults)) or 'none'}"
+                                          f"{did_you_mean(str(key), defaults)}")
+            values[key] = _typed(value, defaults[key], f"job.{key}")
+        return SimpleNamespace(**values)
+
+    def launch(self, worker_class: type[W], component: str, *args: Any, name: str | None = None,
+               isolate_accelerator: bool = True, **kwargs: Any) -> WorkerGroup:
+        """Launch ``worker_class(*args, **kwargs)`` on every process of ``component``'s placement.
+
+        The group is named after the component unless ``name`` is given, and is shut down with the job.
+        """
+        group = worker_class.create_group(*args, **kwargs).launch(
+            self.cluster, self.placement.get_strategy(component), name=name or component,
+            isolate_accelerator=isolate_accelerator)
+        self.groups[group.name] = group
+        return group
+
+    def shutdown(self) -> None:
+        """Shut down every group launched through this job, the last launched first."""
+        for group in reversed(list(self.groups.values())):
+            group.shutdown()
+        self.groups.clear()
+
+
+def _typed(value: Any, default: Any, path: str) -> Any:
+    """``value`` if it has the type of ``default`` (``None`` takes anything), else a ``ConfigError``."""
+    if default is None:
+        return value
+    kind = type(default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if type(value) is kind or (kind not in (bool, int, float) and isinstance(value, kind)):
+        return value
+    raise ConfigError(path, f"must be {_a(kind.__name__)}, like its default {safe_repr(default)}", value=value)
+
+
+def _a(word: str) -> str:
+    return f"an {word}" if word[0] in "aeiou" else f"a {word}"
+
+
+def job_section(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The config's ``job:`` mapping; a ``ConfigError`` when it is missing or not a mapping."""
+    section = config.get("job")
+    if not isinstance(section, Mapping):
+        raise ConfigError("job", "is missing" if section is None else "must be a mapping",
+                          value=section, allowed=f"a job: section whose entrypoint is {ENTRYPOINT_FORMS}")
+    return section
+
+
+def load_entrypoint(config: Mapping[str, Any], base: Path) -> Callable[[Job], Any]:
+    """The function ``job.entrypoint`` names; a file path is read relative to ``base``.
+
+    A file is run as a script would be, in a module of its own that is not left in ``sys.modules``, so its
+    classes travel to the workers by value, like those of a ``__main__`` script.
+    """
+    spec = job_section(config).get(ENTRYPOINT_KEY)
+    path = f"job.{ENTRYPOINT_KEY}"
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise ConfigError(path, "is missing" if spec is None else "must name a function", value=spec,
+                          allowed=ENTRYPOINT_FORMS)
+    where, function = (part.strip() for part in spec.split(":"))
+    if where.endswith(".py"):
+        file = (base / where).resolve()
+        if not file.is_file():
+            raise ConfigError(path, f"there is no file {str(file)!r}", value=spec, allowed=ENTRYPOINT_FORMS)
+        if str(file.parent) not in sys.path:  # its sibling modules import as they would for a script
+            sys.path.insert(0, str(file.parent))
+        namespace = runpy.run_path(str(file), run_name=f"__hwplace_job_{file.stem}__")
+        source = str(file)
+    else:
+        try:
+            namespace = vars(importlib.import_module(where))
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not where.startswith(exc.name):
+                raise  # the module exists, and something it imports is missing: show the real traceback
+            raise ConfigError(path, f"there is no module {where!r}", value=spec, allowed=ENTRYPOINT_FORMS) from None
+        source = f"module {where}"
+    entry = namespace.get(function)
+    if not callable(entry):
+        functions = [k for k, v in namespace.items() if callable(v) and not k.startswith("_")]
+        raise ConfigError(path, f"{source} has no function {function!r}{did_you_mean(function, functions)}",
+                          value=spec, allowed="a function that takes the hwplace.Job")
+    return entry  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def _simulated(counts: list[int] | None) -> Iterator[None]:
+    """A throwaway local Ray cluster with ``counts`` fake accelerators on its nodes, for the block; or nothing."""
+    if counts is None:
+        yield
+        return
+    with local_ray_cluster(len(counts), counts):
+        yield
+
+
+def run_job(
+    config: str | os.PathLike[str] | Mapping[str, Any] | Any,
+    *,
+    accelerators_per_node: int | Sequence[int] | None = None,
+    base: str | os.PathLike[str] | None = None,
+    out: TextIO | None = None,
+) -> Any:
+    """Run a job: connect the cluster, place every component, print the plan, call ``job.entrypoint``.
+
+    With ``accelerators_per_node`` (one count per node, or an int for one node), the job runs on a throwaway
+    local Ray cluster of that shape with fake accelerators, checked against that inventory before Ray
+    starts; otherwise on the cluster ``cluster:`` describes. A relative ``job.entrypoint`` file is read
+    from ``base``: by default the config file's folder, or the working directory for a mapping. Every group
+    the entry point launched through the :class:`Job` is shut down when it returns or raises. Returns what
+    the entry point returns.
+    """
+    loaded = load_config(config)
+    cluster_config = parse_cluster_config(cluster_section(loaded))  # parsed once: every mistake before anything starts
+    if base is None:
+        base = Path(os.fsdecode(config)).parent if isinstance(config, str | os.PathLike) else Path.cwd()
+    entry = load_entrypoint(loaded, Path(base))
+    counts = None
+    if accelerators_per_node is not None:
+        counts = [accelerators_per_node] if isinstance(accelerators_per_node, int) else list(accelerators_per_node)
+        if cluster_config.address not in (None, "local"):
+            raise ConfigError("cluster.address", "is set, but a simulated cluster runs on this machine",
+                              value=cluster_config.address, allowed="leave out one of the two")
+        if cluster_config.num_nodes > len(counts):
+            raise ConfigError("accelerators_per_node", f"gives {plural(len(counts), 'node')} but cluster.num_nodes "
+                              f"is {cluster_config.num_nodes}", value=accelerators_per_node,
+                              allowed=f"at least {cluster_config.num_nodes} nodes")
+        simulated = fake_cluster(cluster_config, num_nodes=len(counts), accelerators_per_node=counts)
+        ComponentPlacement(cluster_config, simulated)
+    with _simulated(counts):
+        cluster = Cluster(cluster_cfg=cluster_config)
+        placement = ComponentPlacement(cluster_config, cluster)
+        print_plan(placement, out or sys.stdout)
+        job = Job(loaded, cluster, placement)
+        try:
+            return entry(job)
+        finally:
+            job.shutdown()

@@ -1,0 +1,75 @@
+"""Plan reports: the tables ``hwplace plan`` and ``hwplace run`` print, and the plan as JSON.
+
+Imports the layers below; the CLI and the job runner both use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from hwplace.contracts.records import Placement
+from hwplace.foundation.wording import plural
+from hwplace.planning.component import ComponentPlacement
+
+
+def _hardware_cell(placement: Placement) -> str:
+    return f"{placement.hardware_type} {','.join(map(str, placement.local_hardware_ranks))}"
+
+
+def _env_cell(env: Mapping[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(env.items())) or "-"
+
+
+def table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def group_settings(plan: ComponentPlacement, placement: Placement) -> tuple[dict[str, str], str | None]:
+    """The env_vars and interpreter that a placement's node group sets on its node."""
+    group = plan.config.group(placement.node_group)
+    return group.env_vars(placement.node_rank), group.python_interpreter_path(placement.node_rank)
+
+
+def print_plan(plan: ComponentPlacement, out: TextIO) -> None:
+    """One table per component: rank, node, local rank, hardware, isolation env, group settings."""
+    for name in plan.components:
+        spec = plan.spec(name)
+        placements = plan.get_placements(name)
+        out.write(f"{name}: {plural(len(placements), 'process', 'processes')} on group "
+                  f"{'+'.join(spec.node_groups)}, placement {spec.placement!r}\n")
+        settings = [group_settings(plan, p) for p in placements]
+        show_env = any(env for env, _ in settings)
+        show_python = any(python for _, python in settings)
+        header = ["rank", "node", "local", "hardware", "isolation env"]
+        header += ["group env"] * show_env + ["python"] * show_python
+        rows = [header]
+        for p, (env, python) in zip(placements, settings, strict=True):
+            row = [str(p.rank), f"{p.node_rank} ({p.node_id[:12]})", f"{p.local_rank}/{p.local_world_size}",
+                   _hardware_cell(p), _env_cell(p.env)]
+            rows.append(row + [_env_cell(env)] * show_env + [python or "-"] * show_python)
+        table(rows, out)
+        out.write("\n")
+
+
+def plan_json(plan: ComponentPlacement) -> dict[str, Any]:
+    def placement(p: Placement) -> dict[str, Any]:
+        env, python = group_settings(plan, p)
+        return {**dataclasses.asdict(p), "group_env": env, "python_interpreter_path": python}
+
+    return {
+        "nodes": [{"rank": n.rank, "node_id": n.node_id, "address": n.address,
+                   "hardware": {t: len(d) for t, d in n.hardware.items()}} for n in plan.cluster.nodes],
+        "components": {
+            name: {
+                "node_groups": list(plan.spec(name).node_groups),
+                "placement": plan.spec(name).placement,
+                "world_size": plan.get_world_size(name),
+                "placements": [placement(p) for p in plan.get_placements(name)],
+            }
+            for name in plan.components
+        },
+    }

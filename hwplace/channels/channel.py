@@ -1,0 +1,367 @@
+"""Channels: named, weighted FIFO queues between workers, held by one channel host process.
+
+``hwplace.Channel.create(name)`` (or ``self.create_channel(name)`` in a worker) starts the host through the
+cluster's executor; ``Channel.connect(name)`` finds it. A channel pickles, so it can be passed to worker
+methods. Each process talks to a channel's host over one direct connection (:mod:`hwplace.channel_wire`);
+items larger than :data:`INLINE_LIMIT` bytes travel through the executor's object store by reference.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import struct
+import threading
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Literal, SupportsFloat, overload
+
+from hwplace.channels import wire
+from hwplace.channels.balance import is_weight
+from hwplace.channels.queues import Status
+from hwplace.channels.wire import Reply
+from hwplace.contracts.executor import ChannelAddress, ObjectStore
+from hwplace.foundation.errors import (
+    ChannelClosed,
+    ChannelEmpty,
+    ChannelFull,
+    ChannelTimeout,
+    ConfigError,
+    HwplaceError,
+)
+from hwplace.foundation.wording import safe_repr
+from hwplace.plugin.current import current_executor
+
+CHANNEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
+QUEUE_NAME_BYTES = 1024
+INLINE_LIMIT = 1 << 20
+"""Items whose pickled size reaches this many bytes go through the object store by reference."""
+
+_BUFFERS = struct.Struct("!I")
+_BUFFER = struct.Struct("!Q")
+_connections: dict[tuple[str, int, bytes], wire.Connection] = {}
+_connections_lock = threading.Lock()
+# A forked child (a data loader's worker, say) must not share its parent's sockets: it opens its own.
+os.register_at_fork(after_in_child=_connections.clear)
+
+
+def _connection(address: ChannelAddress) -> wire.Connection:
+    """This process's connection to a channel's host, opened on first use and again after it broke."""
+    key = (address.host, address.port, address.token)
+    with _connections_lock:
+        connection = _connections.get(key)
+        if connection is None or connection.lost is not None:
+            connection = wire.Connection(address.host, address.port, address.token,
+                                         f"channel {address.name!r} (host on {address.where})")
+            _connections[key] = connection
+    return connection
+
+
+_PLAIN = frozenset({bytes, bytearray, str, int, float, bool, type(None)})
+
+
+def _dumps(item: Any, store: ObjectStore, buffer_callback: Callable[[pickle.PickleBuffer], Any]) -> bytes:
+    """Plain pickle for builtin values, arrays and tensors (importable anywhere); the executor's for the rest."""
+    kind = type(item)
+    if kind in _PLAIN or kind.__module__.partition(".")[0] in ("numpy", "torch"):
+        return pickle.dumps(item, protocol=5, buffer_callback=buffer_callback)
+    return store.dumps(item, buffer_callback)
+
+
+def encode(item: Any, store: ObjectStore) -> bytes:
+    """A payload: the pickled item inline, or the key of the item stashed in the object store."""
+    if _size_hint(item) < INLINE_LIMIT:
+        buffers: list[pickle.PickleBuffer] = []
+        data = _dumps(item, store, buffers.append)
+        raws = [b.raw() for b in buffers]
+        if len(data) + sum(r.nbytes for r in raws) < INLINE_LIMIT:
+            head = _BUFFERS.pack(len(raws)) + b"".join(_BUFFER.pack(r.nbytes) for r in raws)
+            return b"".join((wire.INLINE, head, data, *raws))
+    return wire.BY_REFERENCE + store.stash(item)
+
+
+def _size_hint(item: Any) -> int:
+    """The bytes of an array, tensor (both have ``nbytes``) or bytes-like item (0 for anything else), unpickled."""
+    nbytes = getattr(item, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    return len(item) if isinstance(item, bytes | bytearray) else 0
+
+
+def decode(payloads: Sequence[bytearray], store: ObjectStore) -> list[Any]:
+    """The items of payloads, in order; those stashed by reference are fetched together."""
+    items: list[Any] = [None] * len(payloads)
+    stashed: list[tuple[int, bytes]] = []
+    for index, payload in enumerate(payloads):
+        key = wire.reference_key(payload)
+        if key is not None:
+            stashed.append((index, key))
+            continue
+        view = memoryview(payload)
+        (count,) = _BUFFERS.unpack_from(view, 1)
+        offset = 1 + _BUFFERS.size + count * _BUFFER.size
+        sizes = [_BUFFER.unpack_from(view, 1 + _BUFFERS.size + i * _BUFFER.size)[0] for i in range(count)]
+        data_end = len(view) - sum(sizes)
+        buffers, at = [], data_end
+        for size in sizes:
+            buffers.append(view[at : at + size])
+            at += size
+        items[index] = pickle.loads(view[offset:data_end], buffers=buffers)
+    if stashed:
+        for (index, _), item in zip(stashed, store.fetch([key for _, key in stashed]), strict=True):
+            items[index] = item
+    return items
+
+
+def _split_batch(data: bytearray) -> list[bytearray]:
+    (count,) = wire.LENGTH.unpack_from(data, 0)
+    payloads, at = [], wire.LENGTH.size
+    for _ in range(count):
+        (size,) = wire.LENGTH.unpack_from(data, at)
+        at += wire.LENGTH.size
+        payloads.append(data[at : at + size])
+        at += size
+    return payloads
+
+
+class ChannelHandle:
+    """A channel operation in flight (``async_op=True``): ``wait(timeout=None)``, ``done()``, ``await``.
+
+    ``wait`` returns the operation's result or raises its error (:class:`hwplace.ChannelClosed`, ...); an
+    elapsed ``timeout`` here raises ``TimeoutError`` and leaves the operation pending, to wait for again.
+    """
+
+    def __init__(self, reply: Reply, finish: Callable[[int, bytearray], Any], flush: Callable[[], None]) -> None:
+        self._reply = reply
+        self._finish = finish
+        self._flush = flush
+        self._lock = threading.Lock()
+        self._outcome: tuple[bool, Any] | None = None
+
+    def done(self) -> bool:
+        self._flush()
+        return self._reply.done()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        self._flush()
+        try:
+            self._reply.result(timeout)
+        except TimeoutError:
+            if not self._reply.done():
+                raise TimeoutError(f"the channel operation is still pending after {timeout:g} s; "
+                                   "wait again to get its result") from None
+        return self._result()
+
+    def _result(self) -> Any:
+        with self._lock:  # the result is worked out once: fetching a stashed item takes it from the host
+            if self._outcome is None:
+                try:
+                    self._outcome = (True, self._finish(*self._reply.result()))
+                except HwplaceError as exc:
+                    self._outcome = (False, exc)
+        ok, value = self._outcome
+        if not ok:
+            raise value
+        return value
+
+    async def wait_async(self) -> Any:
+        import asyncio  # noqa: PLC0415 (import cost: asyncio only for async callers)
+
+        self._flush()
+        loop = asyncio.get_running_loop()
+        arrived = loop.create_future()
+
+        def settle() -> None:
+            if not arrived.done():  # cancelled, if the awaiting task was
+                arrived.set_result(None)
+
+        def wake(_: Reply) -> None:
+            loop.call_soon_threadsafe(settle)
+
+        self._reply.add_done_callback(wake)
+        await arrived
+        return self._result()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.wait_async().__await__()
+
+    def __repr__(self) -> str:
+        return f"<ChannelHandle {'done' if self.done() else 'pending'}>"
+
+
+class Channel:
+    """A named channel of weighted FIFO queues; see :meth:`create` and :meth:`connect`.
+
+    Every operation takes ``queue_name`` (default ``"default"``); blocking ones take ``timeout`` (seconds,
+    ``None`` for no limit) and ``async_op`` (return a :class:`ChannelHandle` instead of the result).
+    """
+
+    def __init__(self, address: ChannelAddress) -> None:
+        self._address = address
+
+    @property
+    def name(self) -> str:
+        return self._address.name
+
+    @property
+    def where(self) -> str:
+        """Where the channel's host runs, as the executor describes it (Ray: ``"10.0.0.2 (Ray node 1a2b...)"``)."""
+        return self._address.where
+
+    @property
+    def maxsize(self) -> int:
+        """The bound of each queue (0: unbounded)."""
+        return self._address.maxsize
+
+    @classmethod
+    def create(cls, name: str, maxsize: int = 0, *, group_affinity: str | None = None,
+               group_rank_affinity: int | None = None) -> Channel:
+        """Start a new channel called ``name``; each of its queues holds at most ``maxsize`` items (0: no bound).
+
+        Its host runs on the node of worker ``group_rank_affinity`` (default 0) of group ``group_affinity``,
+        or on this process's node. A name in use is a :class:`hwplace.ConfigError`.
+        """
+        _check_name(name)
+        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 0:
+            raise ConfigError("maxsize", "must be a whole number >= 0 (0: unbounded)", value=maxsize)
+        if group_affinity is None and group_rank_affinity is not None:
+            raise ConfigError("group_rank_affinity", "needs group_affinity (the group whose rank it names)",
+                              value=group_rank_affinity)
+        rank = 0 if group_rank_affinity is None else group_rank_affinity
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise ConfigError("group_rank_affinity", "must be a worker rank (a whole number >= 0)", value=rank)
+        if group_affinity is not None and not isinstance(group_affinity, str):
+            raise ConfigError("group_affinity", "must be a group name", value=group_affinity)
+        return cls(current_executor().create_channel(name, maxsize, group_affinity, rank))
+
+    @classmethod
+    def connect(cls, name: str) -> Channel:
+        """The existing channel called ``name``; :class:`hwplace.ConfigError` naming those there are if none."""
+        _check_name(name)
+        return cls(current_executor().connect_channel(name))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Channel, (self._address,)
+
+    def __repr__(self) -> str:
+        bound = f", maxsize={self.maxsize}" if self.maxsize else ""
+        return f"<Channel {self.name!r} on {self.where}{bound}>"
+
+    def _call(self, op: int, what: str, queue_name: str, number: float = 0.0, timeout: float | None = None,
+              payload: bytes = b"", async_op: bool = False) -> Any:
+        """Send one request; its result, or (``async_op``) a handle on it."""
+        connection = _connection(self._address)
+        reply = connection.request(op, number, timeout, _queue(queue_name), payload, defer=async_op)
+
+        def finish(status: int, data: bytearray) -> Any:
+            if status != Status.OK:
+                raise self._error(what, queue_name, status, timeout, data)
+            if what == "get":
+                return decode([data], self._address.store)[0]
+            if what == "get_batch":
+                return decode(_split_batch(data), self._address.store)
+            if what == "qsize":
+                return wire.COUNTS.unpack(data)
+            return None
+
+        if async_op:
+            return ChannelHandle(reply, finish, connection.flush)
+        return finish(*reply.result())
+
+    def _error(self, what: str, queue_name: str, status: int, timeout: float | None, data: bytearray) -> HwplaceError:
+        where = f"channel {self.name!r}, queue {queue_name!r}"
+        if status == Status.CLOSED:
+            return ChannelClosed(f"{where}: {what} failed, the channel is closed")
+        if status == Status.EMPTY:
+            return ChannelEmpty(f"{where}: the queue is empty")
+        if status == Status.FULL:
+            return ChannelFull(f"{where}: the queue is full (maxsize {self.maxsize})")
+        if status == Status.TIMEOUT:
+            return ChannelTimeout(f"{where}: {what} did not complete within {timeout:g} s")
+        return HwplaceError(f"{where}: the host refused {what}: {data.decode(errors='replace')}")
+
+    @overload
+    def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", async_op: Literal[False] = False,
+            timeout: float | None = None) -> None: ...
+
+    @overload
+    def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", *, async_op: Literal[True],
+            timeout: float | None = None) -> ChannelHandle: ...
+
+    @overload
+    def put(self, item: Any, weight: SupportsFloat, queue_name: str, async_op: bool,
+            timeout: float | None = None) -> ChannelHandle | None: ...
+
+    def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", async_op: bool = False,
+            timeout: float | None = None) -> ChannelHandle | None:
+        """Append ``item`` with ``weight`` to the queue, waiting while it is full."""
+        weight, timeout = _weight(weight, "weight"), _timeout(timeout)
+        payload = encode(item, self._address.store)
+        return self._call(wire.PUT, "put", queue_name, weight, timeout, payload, async_op)  # type: ignore[no-any-return]
+
+    def put_nowait(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default") -> None:
+        """Append ``item`` at once; :class:`hwplace.ChannelFull` (a ``queue.Full``) when the queue is full."""
+        weight = _weight(weight, "weight")
+        self._call(wire.PUT_NOWAIT, "put_nowait", queue_name, weight, None, encode(item, self._address.store))
+
+    def get(self, queue_name: str = "default", async_op: bool = False, timeout: float | None = None) -> Any:
+        """Take the queue's first item, waiting for one."""
+        return self._call(wire.GET, "get", queue_name, 0.0, _timeout(timeout), async_op=async_op)
+
+    def get_nowait(self, queue_name: str = "default") -> Any:
+        """Take the first item at once; :class:`hwplace.ChannelEmpty` (a ``queue.Empty``) when there is none."""
+        return self._call(wire.GET_NOWAIT, "get", queue_name)
+
+    def get_batch(self, batch_weight: SupportsFloat, queue_name: str = "default", async_op: bool = False,
+                  timeout: float | None = None) -> Any:
+        """Take items in order (at least one) until their summed weight reaches ``batch_weight``, as a list.
+
+        Waits until the queue holds that much; on a timeout or a close it takes nothing. One round trip.
+        """
+        weight, timeout = _weight(batch_weight, "batch_weight"), _timeout(timeout)
+        return self._call(wire.GET_BATCH, "get_batch", queue_name, weight, timeout, async_op=async_op)
+
+    def qsize(self, queue_name: str = "default") -> int:
+        """How many items the queue holds now."""
+        return int(self._call(wire.QSIZE, "qsize", queue_name)[0])
+
+    def empty(self, queue_name: str = "default") -> bool:
+        return self.qsize(queue_name) == 0
+
+    def full(self, queue_name: str = "default") -> bool:
+        size, maxsize = self._call(wire.QSIZE, "qsize", queue_name)
+        return bool(maxsize) and size >= maxsize
+
+    def close(self) -> None:
+        """Close the channel: every waiting and later operation, in any process, raises ``ChannelClosed``."""
+        self._call(wire.CLOSE, "close", "default")
+
+
+def _check_name(name: Any) -> None:
+    if not isinstance(name, str) or not CHANNEL_NAME.match(name):
+        raise ConfigError("channel name", f"{safe_repr(name)} is not a usable channel name",
+                          allowed="1 to 100 letters, digits, '_', '.' and '-', starting with a letter or digit")
+
+
+def _queue(name: Any) -> bytes:
+    if not isinstance(name, str) or not name:
+        raise ConfigError("queue_name", "must be a non-empty string", value=name)
+    encoded = name.encode()
+    if len(encoded) > QUEUE_NAME_BYTES:
+        raise ConfigError("queue_name", f"is {len(encoded)} bytes long", allowed=f"at most {QUEUE_NAME_BYTES}")
+    return encoded
+
+
+def _weight(value: Any, what: str) -> float:
+    if not is_weight(value):
+        raise ConfigError(what, "must be a finite number >= 0", value=value)
+    return float(value)
+
+
+def _timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    if not is_weight(value):
+        raise ConfigError("timeout", "must be None (wait as long as it takes) or a finite number of seconds >= 0",
+                          value=value)
+    return float(value)

@@ -1,0 +1,203 @@
+"""A channel's host: an asyncio server around one :class:`WeightedQueues`, speaking :mod:`hwplace.channel_wire`.
+
+Timeouts run here, on the host, so a request that timed out has not happened, and one that succeeded is
+never reported late. An executor runs a :class:`ChannelServer` on the event loop of each channel's host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import socket
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+
+from hwplace.channels.queues import Status, Ticket, WeightedQueues
+from hwplace.channels.wire import (
+    BAD_REQUEST,
+    CLOSE,
+    COUNTS,
+    GET,
+    GET_BATCH,
+    GET_NOWAIT,
+    HELLO,
+    LENGTH,
+    MAX_FRAME,
+    PUT,
+    PUT_NOWAIT,
+    QSIZE,
+    REPLY,
+    REQUEST,
+    reference_key,
+)
+
+
+class ChannelServer:
+    """Serves one channel's queues to its clients; runs on the host's event loop.
+
+    ``on_drop(key)`` is called for each by-reference payload that leaves the channel without being got (a
+    put that failed, items dropped by ``close``), so the host can release the object.
+    """
+
+    def __init__(self, maxsize: int, on_drop: Callable[[bytes], None] | None = None) -> None:
+        self.queues = WeightedQueues(maxsize)
+        self.token = os.urandom(16)
+        self._on_drop = on_drop
+        self._dirty: set[_Connection] = set()
+        self._flush_scheduled = False
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str = "0.0.0.0") -> int:
+        """Listen on ``host`` (all interfaces by default); returns the port."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def drop(self, payloads: Iterable[Any]) -> None:
+        for payload in payloads:
+            key = reference_key(payload)
+            if key is not None and self._on_drop is not None:
+                self._on_drop(key)
+
+    def schedule_flush(self, connection: _Connection) -> None:
+        self._dirty.add(connection)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        for connection in dirty:
+            connection.flush()
+
+
+class _Connection(asyncio.Protocol):
+    """One client's connection: parses its frames, runs its requests, writes back its replies."""
+
+    def __init__(self, server: ChannelServer) -> None:
+        self.server = server
+        self.buffer = bytearray()
+        self.out: list[bytes | memoryview] = []
+        self.transport: asyncio.Transport | None = None
+        self.greeted = False
+        self.waiting: dict[Ticket, asyncio.TimerHandle | None] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # Whoever waited here is gone: their requests end (unanswered), so no item goes to a dead caller.
+        self.transport = None
+        for ticket, timer in list(self.waiting.items()):
+            if timer is not None:
+                timer.cancel()
+            self.server.queues.cancel(ticket)
+        self.waiting.clear()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        view = memoryview(self.buffer)
+        start = 0
+        try:
+            while self.transport is not None and len(view) - start >= LENGTH.size:
+                (body,) = LENGTH.unpack_from(view, start)
+                end = start + LENGTH.size + body
+                if body < REQUEST.size - LENGTH.size or body > MAX_FRAME:
+                    self._abort()
+                    return
+                if len(view) < end:
+                    break
+                self._request(view, start, end)
+                start = end
+        finally:
+            view.release()
+        if self.transport is not None:
+            del self.buffer[:start]
+
+    def _abort(self) -> None:
+        """Drop a connection that does not speak the protocol (or lacks the token), without a word."""
+        if self.transport is not None:
+            self.transport.abort()
+            self.transport = None
+
+    def _request(self, view: memoryview, start: int, end: int) -> None:
+        _, op, rid, number, timeout, name_length = REQUEST.unpack_from(view, start)
+        name_end = start + REQUEST.size + name_length
+        payload = bytes(view[name_end:end])
+        if not self.greeted:
+            if op != HELLO or not hmac.compare_digest(payload, self.server.token):
+                self._abort()
+                return
+            self.greeted = True
+            return
+        try:
+            queue = bytes(view[start + REQUEST.size : name_end]).decode()
+        except UnicodeDecodeError:
+            self.reply(rid, BAD_REQUEST, b"the queue name is not UTF-8")
+            return
+        queues = self.server.queues
+
+        def answer(status: Status, value: Any) -> None:
+            if status is not Status.OK and op in (PUT, PUT_NOWAIT):
+                self.server.drop([payload])
+            self.reply(rid, status, value)
+
+        if op in (PUT, PUT_NOWAIT):
+            self._wait(queues.put(queue, payload, number, answer, block=op == PUT), timeout)
+        elif op in (GET, GET_NOWAIT):
+            self._wait(queues.get(queue, answer, block=op == GET), timeout)
+        elif op == GET_BATCH:
+            self._wait(queues.get_batch(queue, number, answer), timeout)
+        elif op == QSIZE:
+            if queues.closed:
+                self.reply(rid, Status.CLOSED, None)
+            else:
+                self.reply(rid, Status.OK, COUNTS.pack(queues.qsize(queue), queues.maxsize))
+        elif op == CLOSE:
+            self.server.drop(queues.close())
+            self.reply(rid, Status.OK, b"")
+        else:
+            self.reply(rid, BAD_REQUEST, f"unknown operation {op}".encode())
+
+    def _wait(self, ticket: Ticket | None, timeout: float) -> None:
+        """Track a request left waiting; with a timeout, cancel it when the timeout elapses."""
+        if ticket is None:
+            return
+        queues = self.server.queues
+        timer = None if timeout < 0 else asyncio.get_running_loop().call_later(timeout, queues.cancel, ticket)
+        self.waiting[ticket] = timer
+        reply = ticket.reply
+
+        def finished(status: Status, value: Any) -> None:
+            handle = self.waiting.pop(ticket, None)
+            if handle is not None:
+                handle.cancel()
+            reply(status, value)
+
+        ticket.reply = finished
+
+    def reply(self, rid: int, status: int, value: Any) -> None:
+        if self.transport is None:
+            return
+        if value is None:
+            parts: list[bytes | memoryview] = []
+        elif isinstance(value, list):
+            parts = [LENGTH.pack(len(value))]
+            for item in value:
+                parts += (LENGTH.pack(len(item)), item)
+        else:
+            parts = [value]
+        body = REPLY.size - LENGTH.size + sum(len(p) for p in parts)
+        self.out.append(REPLY.pack(body, rid, status))
+        self.out.extend(parts)
+        self.server.schedule_flush(self)
+
+    def flush(self) -> None:
+        if self.transport is not None and self.out:
+            self.transport.writelines(self.out)
+        self.out = []

@@ -1,0 +1,219 @@
+"""A channel's wire: its frames, and the client's connection to a channel's host.
+
+Requests and replies travel over one TCP connection per process and channel, as length-prefixed frames;
+each request carries an id and its reply carries it back, so calls can be pipelined and each caller gets
+exactly its own reply. The host (:mod:`hwplace.channel_server`) never unpickles an item: payloads are
+opaque bytes to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import cast
+
+from hwplace.foundation.errors import ChannelLost
+
+# body length, op, request id, weight or batch weight, timeout (< 0: none), queue name length
+REQUEST = struct.Struct("!IBIddH")
+REPLY = struct.Struct("!IIB")  # body length, request id, status
+LENGTH = struct.Struct("!I")
+COUNTS = struct.Struct("!QQ")
+MAX_FRAME = 1 << 31
+FLUSH_BYTES = 1 << 16  # deferred requests are sent once this many bytes wait...
+FLUSH_DELAY = 0.0005  # ...or this many seconds after the first of them
+
+HELLO, PUT, PUT_NOWAIT, GET, GET_NOWAIT, GET_BATCH, QSIZE, CLOSE = range(8)
+BAD_REQUEST = 9  # a reply status besides queues.Status: the request was malformed
+INLINE, BY_REFERENCE = b"\x00", b"\x01"  # the first byte of a payload
+KEY_SIZE = 16
+
+
+def reference_key(payload: bytes | bytearray | memoryview) -> bytes | None:
+    """The object-store key a by-reference payload carries, or ``None`` for an inline one."""
+    return bytes(payload[1 : 1 + KEY_SIZE]) if payload[:1] == BY_REFERENCE else None
+
+
+def encode_request(op: int, rid: int, number: float, timeout: float | None, queue: bytes, payload: bytes) -> bytes:
+    body = REQUEST.size - LENGTH.size + len(queue) + len(payload)
+    return REQUEST.pack(body, op, rid, number, -1.0 if timeout is None else timeout, len(queue)) + queue + payload
+
+
+Outcome = tuple[int, bytearray]
+_callbacks_guard = threading.Lock()
+
+
+class Reply:
+    """The reply to one request, set once by the connection's reader thread.
+
+    A lighter ``concurrent.futures.Future``: ``result(timeout)`` waits on a lock the reply releases, and
+    ``add_done_callback`` is all that async code needs.
+    """
+
+    __slots__ = ("_callbacks", "_lock", "_outcome")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._outcome: Outcome | BaseException | None = None
+        self._callbacks: list[Callable[[Reply], None]] = []
+
+    def set(self, outcome: Outcome | BaseException) -> None:
+        self._outcome = outcome
+        self._lock.release()
+        with _callbacks_guard:
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+    def done(self) -> bool:
+        return self._outcome is not None
+
+    def result(self, timeout: float | None = None) -> Outcome:
+        """The ``(status, data)`` reply; ``TimeoutError`` when ``timeout`` seconds pass first."""
+        if self._outcome is None:
+            if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+                raise TimeoutError("no reply yet")
+            self._lock.release()  # for whoever waits next
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        return cast(Outcome, self._outcome)
+
+    def add_done_callback(self, callback: Callable[[Reply], None]) -> None:
+        """Call ``callback(reply)`` once the reply is set (at once if it is), on the thread that sets it."""
+        with _callbacks_guard:
+            if self._outcome is None:
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+
+class Connection:
+    """This process's connection to one channel host: requests go out in order, replies come on a thread.
+
+    Every request returns a :class:`Reply` of ``(status, data)``. A request made with ``defer=True`` may wait
+    up to :data:`FLUSH_DELAY` seconds (or until :meth:`flush`, or :data:`FLUSH_BYTES` are waiting) to
+    be sent together with the ones after it: pipelined operations then cost one send for many. When the
+    connection breaks, every request in flight, and every later one, fails with :class:`ChannelLost`.
+    """
+
+    def __init__(self, host: str, port: int, token: bytes, describe: str) -> None:
+        self.describe = describe
+        self._lock = threading.Lock()  # the pending requests, the outgoing frames, ``lost``
+        self._send_lock = threading.Lock()  # one sender at a time, so frames leave in the order they came
+        self._pending: dict[int, Reply] = {}
+        self._ids = itertools.count(1)
+        self._out: list[bytes] = []
+        self._out_size = 0
+        self._deferred = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self.lost: str | None = None
+        try:
+            self._socket = socket.create_connection((host, port), timeout=10)
+        except OSError as exc:
+            raise ChannelLost(f"{describe}: cannot reach its host at {host}:{port} ({exc.strerror or exc}); "
+                              "the channel is gone") from None
+        self._socket.settimeout(None)
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _keepalive(self._socket)
+        self._socket.sendall(encode_request(HELLO, 0, 0.0, None, b"", token))
+        self._reader = threading.Thread(target=self._read, name=f"hwplace-channel-{port}", daemon=True)
+        self._reader.start()
+
+    def request(self, op: int, number: float, timeout: float | None, queue: bytes, payload: bytes = b"", *,
+                defer: bool = False) -> Reply:
+        reply = Reply()
+        with self._lock:
+            if self.lost is not None:
+                raise ChannelLost(self.lost)
+            rid = next(self._ids) & 0xFFFFFFFF
+            self._pending[rid] = reply
+            frame = encode_request(op, rid, number, timeout, queue, payload)
+            self._out.append(frame)
+            self._out_size += len(frame)
+            now = not defer or self._out_size >= FLUSH_BYTES
+            first = len(self._out) == 1
+        if now:
+            self.flush()
+        elif first:
+            self._flush_soon()
+        return reply
+
+    def flush(self) -> None:
+        """Send every request that waits to be sent."""
+        with self._send_lock:
+            with self._lock:
+                if not self._out:
+                    return
+                data = b"".join(self._out)
+                self._out, self._out_size = [], 0
+            try:
+                self._socket.sendall(data)
+            except OSError as exc:
+                self._lose(f"sending failed ({exc.strerror or exc})")
+
+    def _flush_soon(self) -> None:
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_later, name="hwplace-channel-flush", daemon=True)
+            self._flusher.start()
+        self._deferred.set()
+
+    def _flush_later(self) -> None:
+        while self.lost is None:
+            self._deferred.wait()
+            self._deferred.clear()
+            time.sleep(FLUSH_DELAY)
+            self.flush()
+
+    def _read(self) -> None:
+        buffer = bytearray()
+        reason = "its host closed the connection"
+        try:
+            while True:
+                chunk = self._socket.recv(1 << 20)
+                if not chunk:
+                    break
+                buffer += chunk
+                start = 0
+                while len(buffer) - start >= REPLY.size:
+                    body, rid, status = REPLY.unpack_from(buffer, start)
+                    if body < REPLY.size - LENGTH.size:
+                        raise OSError("a malformed reply")
+                    end = start + LENGTH.size + body
+                    if len(buffer) < end:
+                        break
+                    data = buffer[start + REPLY.size : end]
+                    start = end
+                    with self._lock:
+                        reply = self._pending.pop(rid, None)
+                    if reply is not None:
+                        reply.set((status, data))
+                del buffer[:start]
+        except OSError as exc:
+            reason = f"the connection to its host broke ({exc.strerror or exc})"
+        self._lose(reason)
+
+    def _lose(self, reason: str) -> None:
+        with self._lock:
+            if self.lost is None:
+                self.lost = f"{self.describe}: {reason}; the channel's host process is gone"
+            pending, self._pending = self._pending, {}
+            self._out, self._out_size = [], 0
+        self._deferred.set()  # the flusher, if any, sees ``lost`` and ends
+        for reply in pending.values():
+            reply.set(ChannelLost(self.lost))
+        with contextlib.suppress(OSError):
+            self._socket.close()
+
+
+def _keepalive(sock: socket.socket) -> None:
+    """Notice a host whose machine vanished within about 20 s, instead of waiting on it forever."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 2)):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)

@@ -1,0 +1,71 @@
+"""Every ``HWPLACE_*`` environment variable the core reads: its name, its default, and its reader.
+
+One place, so a variable is never spelled two ways or read with two defaults. Plugins keep their own
+variables (``HWPLACE_SERIAL_ROBOTS`` is the serial backend's). Imports only :mod:`hwplace.foundation.errors`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from hwplace.foundation.errors import PluginError
+
+DISABLED_PLUGINS = "HWPLACE_DISABLED_PLUGINS"
+"""Plugins not to load, by name, comma-separated (``a,b``); default none."""
+
+TRACE_PLUGINS = "HWPLACE_TRACE_PLUGINS"
+"""``1`` (or true, yes, on) prints every hook call and its result to stderr; default off."""
+
+DETECT_TIMEOUT = "HWPLACE_DETECT_TIMEOUT"
+"""The time bound of one backend's ``detect``, in seconds; default :data:`DEFAULT_DETECT_TIMEOUT`."""
+
+NODE_RANK = "HWPLACE_NODE_RANK"
+"""A node's cluster-wide rank, set on the node (``HWPLACE_NODE_RANK=1 ray start ...``); wins over the order
+the executor finds nodes in."""
+
+FAKE_ACCELERATORS = "HWPLACE_FAKE_ACCELERATORS"
+"""How many ``fake-accelerator`` devices the fake backend finds on a node; default 0."""
+
+LOG_LEVEL = "HWPLACE_LOG_LEVEL"
+"""The level of workers' loggers (``DEBUG``, ``INFO``, ...); default ``INFO``."""
+
+DEFAULT_DETECT_TIMEOUT = 10.0
+MAX_DETECT_TIMEOUT = 3600.0
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def read_flag(name: str) -> bool:
+    """Whether the variable ``name`` is set to 1, true, yes or on (any letter case)."""
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def read_list(name: str) -> list[str]:
+    """The comma-separated items of the variable ``name``, stripped, empty ones left out."""
+    return [part.strip() for part in os.environ.get(name, "").split(",") if part.strip()]
+
+
+def read_detect_timeout() -> float:
+    """``HWPLACE_DETECT_TIMEOUT`` in seconds; :class:`~hwplace.PluginError` when it is not a usable number."""
+    raw = os.environ.get(DETECT_TIMEOUT, "").strip()
+    if not raw:
+        return DEFAULT_DETECT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_DETECT_TIMEOUT:  # also refuses nan and inf
+        raise PluginError(f"{DETECT_TIMEOUT} is {raw!r}; allowed: a number of seconds above 0 and at "
+                          f"most {MAX_DETECT_TIMEOUT:g}")
+    return value
+
+
+def read_node_rank() -> str | None:
+    """``HWPLACE_NODE_RANK`` as set (unchecked text), or ``None`` when unset or blank."""
+    raw = os.environ.get(NODE_RANK, "").strip()
+    return raw or None
+
+
+def read_log_level() -> str:
+    """``HWPLACE_LOG_LEVEL``, upper-cased; ``INFO`` when unset."""
+    return os.environ.get(LOG_LEVEL, "").strip().upper() or "INFO"

@@ -1,0 +1,3 @@
+"""The version of hwplace."""
+
+__version__ = "0.1.0"

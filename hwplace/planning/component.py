@@ -1,0 +1,125 @@
+"""``ComponentPlacement``: every component of ``cluster.component_placement``, resolved and checked at once."""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hwplace.config.grammar import ResolvedEntry, parse_placement, resolve_placement
+from hwplace.config.loading import load_config
+from hwplace.config.records import ClusterConfig, ComponentSpec, NodeGroup
+from hwplace.config.section import cluster_section, parse_cluster_config
+from hwplace.contracts.records import Placement
+from hwplace.foundation.errors import ConfigError, PlacementError
+from hwplace.foundation.wording import did_you_mean, plural, safe_repr
+from hwplace.inventory.cluster import Cluster
+from hwplace.planning.placements import build_placements, gc_paused
+from hwplace.planning.resources import ResourceSpace, resource_space
+from hwplace.planning.strategies import FlexiblePlacementStrategy, NodePlacementStrategy, PlacementStrategy
+
+
+class ComponentPlacement:
+    """Parses ``cluster.component_placement`` of a whole config against a cluster.
+
+    Every component is placed when this object is built, so every mistake surfaces here as a
+    :class:`~hwplace.PlacementError` naming the component and quoting the entry, not at launch.
+    """
+
+    def __init__(
+        self, config: str | os.PathLike[str] | Mapping[str, Any] | ClusterConfig | Any, cluster: Cluster
+    ) -> None:
+        self.config: ClusterConfig = config if isinstance(config, ClusterConfig) else parse_cluster_config(
+            cluster_section(load_config(config)), plugin_manager=cluster.plugin_manager)
+        if self.config.device_declarations() != cluster.config.device_declarations():
+            raise ConfigError("cluster.node_groups", "declare devices other than the ones the cluster was built "
+                              "with, so the cluster has not detected them",
+                              allowed="build the Cluster (or fake_cluster) with the same config")
+        if self.config.num_nodes > cluster.num_nodes:
+            raise ConfigError("cluster.num_nodes", f"is {self.config.num_nodes} but the cluster has "
+                              f"{plural(cluster.num_nodes, 'node')}", allowed="build the Cluster with the same config")
+        if not self.config.components:
+            raise ConfigError("cluster.component_placement", "is missing or empty: no component to place")
+        self.cluster = cluster
+        self._strategies: dict[str, PlacementStrategy] = {}  # built on first use: planning never needs them
+        self._lists: dict[str, tuple[list[Sequence[int]], bool, list[NodeGroup]]] = {}
+        self._placements: dict[str, list[Placement]] = {}
+        spaces: dict[tuple[str, ...], ResourceSpace] = {}
+        with gc_paused():  # tens of thousands of small records: collections would make planning superlinear
+            for spec in self.config.components.values():
+                self._place(spec, spaces)
+
+    def _place(self, spec: ComponentSpec, spaces: dict[tuple[str, ...], ResourceSpace]) -> None:
+        text = spec.placement
+        groups = [self.config.group(label) for label in spec.node_groups]
+        if spec.node_groups not in spaces:
+            try:
+                spaces[spec.node_groups] = resource_space(self.cluster, groups)
+            except PlacementError as exc:
+                raise exc.located(spec.name, text, None) from None
+        space = spaces[spec.node_groups]
+        try:
+            resolved = resolve_placement(text, parse_placement(text), len(space), space.description)
+        except PlacementError as exc:
+            raise exc.located(spec.name, text, exc.span) from None
+        lists: list[Sequence[int]] = [ids for entry in resolved for ids in entry.resource_lists()]
+        if space.is_node_kind:
+            for entry in resolved:
+                if entry.num_resources > entry.num_processes:
+                    raise PlacementError(
+                        f"{plural(entry.num_resources, 'node')} for "
+                        f"{plural(entry.num_processes, 'process', 'processes')}: "
+                        "a process holds exactly one node; give at least as many processes as nodes",
+                        component=spec.name, text=text, span=entry.entry.span)
+        try:
+            placements = build_placements(self.cluster, space, lists, isolate_accelerator=True)
+        except PlacementError as exc:
+            raise exc.located(spec.name, text, _entry_span(resolved, exc.rank)) from None
+        self._lists[spec.name] = (lists, space.is_node_kind, groups)
+        self._placements[spec.name] = placements
+
+    @property
+    def components(self) -> list[str]:
+        """Component names, in config order."""
+        return list(self._placements)
+
+    def _known(self, name: str) -> None:
+        if not isinstance(name, str) or name not in self._placements:
+            raise ConfigError("cluster.component_placement", f"has no component {safe_repr(name)}",
+                              allowed=f"components: {', '.join(self._placements)}"
+                                      f"{did_you_mean(str(name), self._placements)}")
+
+    def get_strategy(self, name: str) -> PlacementStrategy:
+        """The strategy that places component ``name``: Flexible on hardware groups, Node on node groups."""
+        self._known(name)
+        if name not in self._strategies:
+            lists, node_kind, groups = self._lists[name]
+            strategy = (NodePlacementStrategy([ids[0] for ids in lists], node_group=groups)
+                        if node_kind else FlexiblePlacementStrategy(lists, node_group=groups))
+            strategy.planned = (self.cluster, tuple(self._placements[name]))
+            self._strategies[name] = strategy
+        return self._strategies[name]
+
+    def get_world_size(self, name: str) -> int:
+        """How many processes component ``name`` has."""
+        self._known(name)
+        return len(self._placements[name])
+
+    def get_placements(self, name: str) -> list[Placement]:
+        """The placements of component ``name`` (accelerators isolated), in rank order."""
+        self._known(name)
+        return list(self._placements[name])
+
+    def spec(self, name: str) -> ComponentSpec:
+        """The configured node groups and placement string of component ``name``."""
+        self._known(name)
+        return self.config.components[name]
+
+
+def _entry_span(resolved: list[ResolvedEntry], rank: int | None) -> tuple[int, int] | None:
+    if rank is None or not resolved:
+        return None
+    index = bisect.bisect_right([e.first_process for e in resolved], rank) - 1
+    return resolved[max(index, 0)].entry.span
+

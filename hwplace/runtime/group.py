@@ -1,0 +1,197 @@
+"""Worker groups: launching one process per placement through the cluster's executor, and calling them."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from hwplace.config.records import NodeGroup
+from hwplace.contracts.executor import GroupRequest, GroupRuntime, Handle, WorkerSpec
+from hwplace.contracts.records import Placement
+from hwplace.foundation.errors import ConfigError, PlacementError, WorkerError
+from hwplace.foundation.wording import did_you_mean, plural, safe_repr
+from hwplace.inventory.cluster import Cluster
+from hwplace.planning.strategies import PlacementStrategy
+
+if TYPE_CHECKING:
+    from hwplace.runtime.worker import Worker
+
+GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
+PROGRESS_FROM = 8  # groups of at least this many workers show launch progress on a terminal
+
+
+def torch_env(placement: Placement, world_size: int, master_addr: str, master_port: int) -> dict[str, str]:
+    """The torch.distributed variables of one worker.
+
+    ``LOCAL_RANK`` is the index of the worker's first own accelerator among the accelerators it sees, so
+    ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` picks its own device whether or not it is
+    isolated; a worker without accelerators gets its index among the group's processes on its node.
+    """
+    local_rank = placement.local_rank
+    if placement.local_accelerator_id in placement.visible_accelerators:
+        local_rank = placement.visible_accelerators.index(placement.local_accelerator_id)
+    return {
+        "RANK": str(placement.rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(placement.local_world_size),
+        "NODE_RANK": str(placement.node_rank),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+    }
+
+
+def worker_specs(
+    cluster: Cluster, placements: Sequence[Placement], master_port: int, groups: Mapping[str, NodeGroup] | None = None
+) -> list[WorkerSpec]:
+    """What each worker starts with: its group's ``env_configs`` and interpreter, isolation and torch variables.
+
+    ``groups`` are the node groups the placements came from, by label (a strategy may hold groups of its
+    own); a label not among them is looked up in the cluster's config.
+    """
+    master_addr = cluster.nodes[placements[0].node_rank].address
+    specs = []
+    for placement in placements:
+        group = (groups or {}).get(placement.node_group) or cluster.config.group(placement.node_group)
+        process_env = group.env_vars(placement.node_rank)
+        python = group.python_interpreter_path(placement.node_rank)
+        env = {**process_env, **placement.env, **torch_env(placement, len(placements), master_addr, master_port)}
+        specs.append(WorkerSpec(placement, cluster.nodes[placement.node_rank], env, process_env, python))
+    return specs
+
+
+class GroupLauncher:
+    """A worker class and its constructor arguments, ready to ``launch`` as a group."""
+
+    def __init__(self, worker_class: type[Worker], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        self.worker_class = worker_class
+        self.args = args
+        self.kwargs = dict(kwargs)
+
+    def launch(
+        self,
+        cluster: Cluster,
+        placement_strategy: PlacementStrategy,
+        name: str,
+        isolate_accelerator: bool = True,
+    ) -> WorkerGroup:
+        """Start one worker per placement of ``placement_strategy`` on ``cluster``; returns when all are constructed.
+
+        A name in use is a ``ConfigError``; a constructor that raises makes this raise ``WorkerError`` with
+        its rank and traceback, after stopping the group's other workers.
+        """
+        if not isinstance(cluster, Cluster):
+            raise ConfigError("cluster", f"{safe_repr(cluster)} is not a hwplace.Cluster")
+        if not isinstance(placement_strategy, PlacementStrategy):
+            raise PlacementError(f"placement_strategy must be a hwplace placement strategy (for example "
+                                 f"ComponentPlacement.get_strategy(name)), got {safe_repr(placement_strategy)}")
+        if not isinstance(name, str) or not GROUP_NAME.match(name):
+            raise ConfigError("name", f"{safe_repr(name)} is not a usable group name",
+                              allowed="1 to 100 letters, digits, '_', '.' and '-', starting with a letter or digit")
+        executor = cluster.executor()
+        placements = placement_strategy.get_placement(cluster, isolate_accelerator)
+        if not placements:
+            raise PlacementError(f"group {name!r}: the strategy places no process")
+        port = executor.free_port(cluster.nodes[placements[0].node_rank])
+        groups = {g.label: g for g in placement_strategy.groups(cluster)}
+        specs = worker_specs(cluster, placements, port, groups)
+        runtime = executor.start_group(GroupRequest(name, self.worker_class, self.args, self.kwargs, specs))
+        try:
+            _wait_ready(runtime.ready(), name, len(specs))
+        except BaseException:
+            runtime.shutdown()
+            raise
+        return WorkerGroup(name, self.worker_class, tuple(placements), runtime)
+
+
+def _wait_ready(handle: Handle, name: str, count: int) -> None:
+    if count < PROGRESS_FROM or not sys.stderr.isatty():
+        handle.wait()
+        return
+    start = time.monotonic()
+    while True:
+        try:
+            handle.wait(timeout=0.25)
+        except TimeoutError:
+            sys.stderr.write(f"\rhwplace: launching group {name!r}: {handle.num_done}/{count} workers ready "
+                             f"({time.monotonic() - start:.0f} s)")
+            sys.stderr.flush()
+            continue
+        except WorkerError:
+            sys.stderr.write("\n")
+            raise
+        sys.stderr.write(f"\rhwplace: launched group {name!r}: {count}/{count} workers ready "
+                         f"({time.monotonic() - start:.1f} s)\n")
+        return
+
+
+class WorkerGroup:
+    """The running workers of one group. ``group.method(*args)`` calls ``method`` on every worker.
+
+    The call returns a :class:`hwplace.executor.Handle` at once; ``.wait()`` gives one result per rank, in
+    rank order. ``execute_on(*ranks)`` narrows the next calls to some ranks.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        worker_class: type[Worker],
+        placements: tuple[Placement, ...],
+        runtime: GroupRuntime,
+        ranks: tuple[int, ...] | None = None,
+    ) -> None:
+        self.name = name
+        self.worker_class = worker_class
+        self.placements = placements
+        self._runtime = runtime
+        self.ranks: tuple[int, ...] = tuple(range(len(placements))) if ranks is None else ranks
+        self._closed: list[bool] = [False]  # shared with the views execute_on returns
+
+    @property
+    def world_size(self) -> int:
+        return len(self.placements)
+
+    def execute_on(self, *ranks: int) -> WorkerGroup:
+        """This group, calling only ``ranks`` (in the order given)."""
+        if not ranks:
+            raise WorkerError("execute_on needs at least one rank", group=self.name)
+        for rank in ranks:
+            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+                raise WorkerError(f"execute_on got rank {safe_repr(rank)}; the group has ranks "
+                                  f"0-{self.world_size - 1}", group=self.name)
+        view = WorkerGroup(self.name, self.worker_class, self.placements, self._runtime, tuple(ranks))
+        view._closed = self._closed
+        return view
+
+    def __getattr__(self, method: str) -> Callable[..., Handle]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        target = getattr(self.worker_class, method, None)
+        if not callable(target):
+            public = [m for m in dir(self.worker_class)
+                      if not m.startswith("_") and callable(getattr(self.worker_class, m, None))]
+            raise AttributeError(f"{self.worker_class.__name__} has no method {method!r}"
+                                 f"{did_you_mean(method, public)}")
+
+        def call(*args: Any, **kwargs: Any) -> Handle:
+            if self._closed[0]:
+                raise WorkerError(f"cannot call {method!r}: the group was shut down", group=self.name)
+            return self._runtime.call(self.ranks, method, args, kwargs)
+
+        call.__name__ = method
+        return call
+
+    def shutdown(self) -> None:
+        """Stop every worker of the group (calls in flight fail) and free its name; a second call does nothing."""
+        if not self._closed[0]:
+            self._closed[0] = True
+            self._runtime.shutdown()
+
+    def __repr__(self) -> str:
+        state = "shut down" if self._closed[0] else "running"
+        return f"<WorkerGroup {self.name!r}: {plural(self.world_size, 'worker')} of " \
+               f"{self.worker_class.__name__}, {state}>"
+

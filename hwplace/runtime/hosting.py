@@ -1,0 +1,131 @@
+"""Hosting a worker in its process: what an executor runs there.
+
+:func:`start_worker` sets the environment, loads the class and constructs it; :func:`run_method` (or
+:func:`run_method_async`) runs each call and turns any exception into a :class:`RemoteFailure`, so that an
+executor never loses a traceback and never kills the process over it. Imports the layers below and
+:mod:`hwplace.runtime.worker`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hwplace.contracts.records import WorkerContext
+from hwplace.foundation.errors import WorkerError
+from hwplace.foundation.settings import read_log_level
+from hwplace.plugin.current import set_current_executor
+from hwplace.runtime.worker import Worker
+
+
+@dataclass(frozen=True)
+class RemoteFailure:
+    """An exception raised in a worker, carried back to the driver as a value.
+
+    ``summary`` is ``"Type: message"``, ``traceback`` the formatted traceback and ``pickled`` the exception
+    itself when it pickles (``None`` otherwise).
+    """
+
+    summary: str
+    traceback: str
+    pickled: bytes | None = None
+
+    @classmethod
+    def capture(cls, exc: BaseException, *, skip: int = 1) -> RemoteFailure:
+        """The failure for ``exc``, its traceback without the ``skip`` outermost frames (hwplace's own)."""
+        tb = exc.__traceback__
+        for _ in range(skip):
+            if tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+        try:
+            pickled: bytes | None = pickle.dumps(exc)
+        except Exception:
+            pickled = None
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        return cls(f"{type(exc).__name__}: {exc}", text, pickled)
+
+    def exception(self) -> BaseException | None:
+        """The original exception, when it could be carried over and can be rebuilt here."""
+        if self.pickled is None:
+            return None
+        try:
+            exc = pickle.loads(self.pickled)
+        except Exception:
+            return None
+        return exc if isinstance(exc, BaseException) else None
+
+    def error(self, what: str, *, group: str, rank: int, node_rank: int) -> WorkerError:
+        """The :class:`WorkerError` the driver raises for this failure (``from`` the original exception)."""
+        error = WorkerError(f"{what} raised {self.summary}", group=group, rank=rank, node_rank=node_rank,
+                            remote_traceback=self.traceback)
+        error.__cause__ = self.exception()
+        return error
+
+
+def start_worker(
+    load_class: Callable[[], type[Worker]],
+    context: WorkerContext,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+) -> Worker | RemoteFailure:
+    """Host a worker in this process: set its environment, then load its class and construct it.
+
+    The environment is set before ``load_class`` runs, so modules the class imports see it. Anything the
+    loading or the constructor raises comes back as a :class:`RemoteFailure`.
+    """
+    os.environ.update(context.env)
+    if context.executor:
+        set_current_executor(context.executor)
+    try:
+        _configure_logging()
+        cls = load_class()
+        if not (isinstance(cls, type) and issubclass(cls, Worker)):
+            raise TypeError(f"{cls!r} is not a subclass of hwplace.Worker")
+        worker = cls.__new__(cls)
+        worker._hwplace_context = context
+        worker.__init__(*args, **kwargs)  # type: ignore[misc]
+    except BaseException as exc:  # a constructor calling sys.exit must not take the process down unreported
+        return RemoteFailure.capture(exc)
+    return worker
+
+
+def _configure_logging() -> None:
+    logger = logging.getLogger("hwplace.worker")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(read_log_level())
+
+
+def find_method(worker: Worker, method: str) -> Callable[..., Any]:
+    """The bound public method ``method`` of ``worker``."""
+    if method.startswith("_"):
+        raise AttributeError(f"{method!r} is private; groups call public methods only")
+    fn = getattr(worker, method)
+    if not callable(fn):
+        raise TypeError(f"{type(worker).__name__}.{method} is not a method")
+    return fn  # type: ignore[no-any-return]
+
+
+def run_method(worker: Worker, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    """Run a plain method; what it raises comes back as a :class:`RemoteFailure`."""
+    try:
+        return find_method(worker, method)(*args, **kwargs)
+    except BaseException as exc:
+        return RemoteFailure.capture(exc)
+
+
+async def run_method_async(worker: Worker, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    """Run an ``async def`` method; what it raises comes back as a :class:`RemoteFailure`."""
+    try:
+        return await find_method(worker, method)(*args, **kwargs)
+    except BaseException as exc:
+        return RemoteFailure.capture(exc)

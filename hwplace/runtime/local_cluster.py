@@ -1,0 +1,71 @@
+"""A throwaway multi-node Ray cluster on this machine: one raylet per node, each with its own fake
+accelerators and node rank. ``hwplace run --nodes`` and :func:`hwplace.testing.local_ray_cluster` use it.
+
+Ray is imported when a cluster starts (an optional dependency). Imports the layers below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from hwplace.foundation.errors import ConfigError
+from hwplace.foundation.settings import FAKE_ACCELERATORS, NODE_RANK
+from hwplace.inventory.offline import accelerator_counts
+
+
+def _driver_paths() -> str:
+    """The driver's import path outside its interpreter's own folders (test folders, a source checkout)."""
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    paths = [os.path.realpath(p or os.curdir) for p in sys.path]
+    own = [p for p in paths if os.path.isdir(p) and not any(p == x or p.startswith(x + os.sep) for x in prefixes)]
+    existing = os.environ.get("PYTHONPATH", "")
+    return os.pathsep.join(dict.fromkeys([*own, *filter(None, existing.split(os.pathsep))]))
+
+
+@contextlib.contextmanager
+def local_ray_cluster(
+    num_nodes: int = 2,
+    accelerators_per_node: int | Sequence[int] = 0,
+    *,
+    cpus_per_node: int = 1,
+    env_vars: Mapping[str, str] | None = None,
+) -> Iterator[str]:
+    """A real multi-node Ray cluster on this machine, with the driver connected to it; yields its address.
+
+    Node ``i`` is a raylet of its own whose environment has ``HWPLACE_NODE_RANK=i`` and
+    ``HWPLACE_FAKE_ACCELERATORS`` (``accelerators_per_node``: one count for every node, or one per node),
+    plus ``env_vars``. Its workers can import what the driver imports from outside its environment (the
+    folders pytest puts on ``sys.path``, a source checkout). The cluster stops when the block ends.
+    """
+    counts = accelerator_counts(accelerators_per_node, num_nodes, None)
+    if isinstance(cpus_per_node, bool) or not isinstance(cpus_per_node, int) or cpus_per_node < 1:
+        raise ConfigError("cpus_per_node", "must be a positive integer", value=cpus_per_node)
+    import ray  # noqa: PLC0415 (optional: Ray, the executor's runtime)
+    from ray.cluster_utils import Cluster as RayCluster  # noqa: PLC0415 (optional: Ray)
+
+    if ray.is_initialized():
+        raise ConfigError("local_ray_cluster", "this process is already connected to Ray",
+                          allowed="call ray.shutdown() first, or use that cluster")
+    common = {**(env_vars or {}), "PYTHONPATH": _driver_paths()}
+
+    def node_args(rank: int) -> dict[str, Any]:
+        env = {**common, NODE_RANK: str(rank), FAKE_ACCELERATORS: str(counts[rank])}
+        return {"num_cpus": cpus_per_node, "env_vars": env, "include_dashboard": False} if rank == 0 else \
+            {"num_cpus": cpus_per_node, "env_vars": env}
+
+    cluster = RayCluster(initialize_head=True, head_node_args=node_args(0))
+    try:
+        for rank in range(1, len(counts)):
+            cluster.add_node(**node_args(rank))
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address)
+        try:
+            yield str(cluster.address)
+        finally:
+            ray.shutdown()
+    finally:
+        cluster.shutdown()  # type: ignore[no-untyped-call]

@@ -1,0 +1,102 @@
+"""The :class:`Worker` base class: what a job subclasses, and what a worker sees of itself.
+
+``MyWorker.create_group(*args).launch(...)`` starts one process per placement (:mod:`hwplace.runtime.group`);
+hosting the worker in its process is :mod:`hwplace.runtime.hosting`. Imports the layers below and
+:mod:`hwplace.runtime.group`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hwplace.channels.channel import Channel
+from hwplace.contracts.records import Placement, WorkerContext
+from hwplace.foundation.errors import HwplaceError
+from hwplace.runtime.group import GroupLauncher
+
+
+class Worker:
+    """Base class of a job's workers. Subclass it; hwplace constructs one instance per process of a group.
+
+    Inside a worker, ``self.rank``, ``self.world_size``, ``self.placement``, ``self.group_name`` and
+    ``self.node_rank`` say who it is, ``self.log_info(...)`` (and ``log_debug``, ``log_warning``,
+    ``log_error``) log with the group, rank and node in front, and ``self.create_channel(...)`` and
+    ``self.connect_channel(...)`` open channels. Methods may be ``async def``: they then run
+    concurrently on the worker's event loop, while plain methods run one at a time, in call order, on one
+    thread (the one the constructor ran on).
+    """
+
+    _hwplace_context: WorkerContext | None = None
+
+    @classmethod
+    def create_group(cls, *args: Any, **kwargs: Any) -> GroupLauncher:
+        """A group of this worker class, each constructed with ``args`` and ``kwargs``; ``.launch(...)`` starts it."""
+        return GroupLauncher(cls, args, kwargs)
+
+    @property
+    def _context(self) -> WorkerContext:
+        if self._hwplace_context is None:
+            raise HwplaceError(f"this {type(self).__name__} is not running in a worker group; start it with "
+                               f"{type(self).__name__}.create_group(...).launch(...)")
+        return self._hwplace_context
+
+    @property
+    def rank(self) -> int:
+        return self._context.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._context.world_size
+
+    @property
+    def placement(self) -> Placement:
+        return self._context.placement
+
+    @property
+    def group_name(self) -> str:
+        return self._context.group
+
+    @property
+    def node_rank(self) -> int:
+        return self._context.placement.node_rank
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger that puts ``[group rank R node N]`` in front of each message."""
+        context = self._context
+        return _WorkerLogger(logging.getLogger(f"hwplace.worker.{context.group}"),
+                             {"prefix": f"[{context.group} rank {context.rank} node {context.placement.node_rank}]"})
+
+    def create_channel(self, name: str, group_affinity: str | None = None, group_rank_affinity: int | None = None,
+                       maxsize: int = 0) -> Channel:
+        """Start a new channel called ``name``; see :meth:`hwplace.Channel.create`.
+
+        Its host runs on this worker's node, or on the node of worker ``group_rank_affinity`` of group
+        ``group_affinity`` (this worker's group when only the rank is given; rank 0 when only the group is).
+        """
+        context = self._context
+        if group_affinity is None and group_rank_affinity is not None:
+            group_affinity = context.group
+        return Channel.create(name, maxsize, group_affinity=group_affinity, group_rank_affinity=group_rank_affinity)
+
+    def connect_channel(self, name: str) -> Channel:
+        """The existing channel called ``name``; see :meth:`hwplace.Channel.connect`."""
+        return Channel.connect(name)
+
+    def log_debug(self, message: str, *args: Any) -> None:
+        self.logger.debug(message, *args)
+
+    def log_info(self, message: str, *args: Any) -> None:
+        self.logger.info(message, *args)
+
+    def log_warning(self, message: str, *args: Any) -> None:
+        self.logger.warning(message, *args)
+
+    def log_error(self, message: str, *args: Any) -> None:
+        self.logger.error(message, *args)
+
+
+class _WorkerLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        return f"{self.extra['prefix']} {msg}" if self.extra else msg, kwargs

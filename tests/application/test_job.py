@@ -1,0 +1,275 @@
+"""Jobs without Ray: the job's settings, finding its entry point, config overrides, and ``hwplace run``'s
+checks before anything starts. The pipeline itself runs in tests/plugins/ray/test_pipeline.py."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hwplace
+from hwplace.application.cli import main
+from hwplace.application.job import Job, load_entrypoint
+from hwplace.config.loading import apply_overrides
+from hwplace.testing import fake_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINE = ROOT / "examples" / "rl-pipeline"
+
+
+def job_with(section: dict[str, Any]) -> Job:
+    config = {"job": section, "cluster": {"num_nodes": 1, "component_placement": {"a": "0-1"}}}
+    cluster = fake_cluster(config["cluster"], accelerators_per_node=2)
+    return Job(config, cluster, hwplace.ComponentPlacement(config, cluster))
+
+
+# -- settings --------------------------------------------------------------------------------------
+
+
+def test_settings_are_the_defaults_overridden_by_the_job_section() -> None:
+    job = job_with({"entrypoint": "x.py:main", "steps": 5, "rate": 2})
+    settings = job.settings(steps=30, rate=0.5, name="run", flag=False)
+    assert (settings.steps, settings.rate, settings.name, settings.flag) == (5, 2.0, "run", False)
+    assert isinstance(settings.rate, float)
+
+
+def test_an_unknown_setting_is_named_with_a_suggestion() -> None:
+    job = job_with({"entrypoint": "x.py:main", "step": 5})
+    with pytest.raises(hwplace.ConfigError, match=r"^job\.step: is not a setting of this job; settings: seed, "
+                                                  r"steps; did you mean 'steps'\?$"):
+        job.settings(steps=30, seed=0)
+
+
+@pytest.mark.parametrize(("value", "default", "kind"), [
+    ("5", 30, "an int"), (True, 30, "an int"), (1.5, 30, "an int"), ("x", 0.5, "a float"), (1, False, "a bool"),
+    (3, "run", "a str"),
+])
+def test_a_setting_of_the_wrong_type_is_refused(value: object, default: object, kind: str) -> None:
+    job = job_with({"entrypoint": "x.py:main", "key": value})
+    with pytest.raises(hwplace.ConfigError, match=rf"^job\.key: must be {kind}, like its default .* \(got "):
+        job.settings(key=default)
+
+
+def test_a_job_without_settings_says_it_has_none() -> None:
+    with pytest.raises(hwplace.ConfigError, match=r"^job\.steps: is not a setting of this job; settings: none$"):
+        job_with({"entrypoint": "x.py:main", "steps": 5}).settings()
+
+
+def test_a_setting_of_the_wrong_type_names_its_default() -> None:
+    with pytest.raises(hwplace.ConfigError, match=r"^job\.steps: must be an int, like its default 30 \(got '5'\)$"):
+        job_with({"entrypoint": "x.py:main", "steps": "5"}).settings(steps=30)
+
+
+def test_a_job_holds_what_it_was_given() -> None:
+    config = {"job": {}, "cluster": {"num_nodes": 1, "component_placement": {"a": "0"}}}
+    cluster = fake_cluster(config["cluster"], accelerators_per_node=1)
+    placement = hwplace.ComponentPlacement(config, cluster)
+    job = Job(config, cluster, placement)
+    assert (job.config, job.cluster, job.placement, job.groups) == (config, cluster, placement, {})
+    job.shutdown()  # nothing launched: nothing to do
+
+
+def test_a_setting_whose_default_is_none_takes_anything() -> None:
+    assert job_with({"entrypoint": "x.py:main", "key": [1, 2]}).settings(key=None).key == [1, 2]
+
+
+# -- the entry point -------------------------------------------------------------------------------
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_a_file_entry_point_is_read_relative_to_the_base_and_imports_its_siblings(tmp_path: Path) -> None:
+    sibling = f"helper_{uuid.uuid4().hex}"  # a name no earlier test imported
+    write(tmp_path, f"jobs/{sibling}.py", "ANSWER = 42\n")
+    write(tmp_path, "jobs/my_job.py", f"""
+        import dataclasses
+        from {sibling} import ANSWER
+
+        @dataclasses.dataclass
+        class Item:
+            value: int
+
+        def main(job):
+            return Item(ANSWER)
+        """)
+    write(tmp_path, f"elsewhere/{sibling}.py", "ANSWER = 0\n")  # a module of the same name, first on the path
+    sys.path.insert(0, str(tmp_path / "elsewhere"))
+    try:
+        entry = load_entrypoint({"job": {"entrypoint": "jobs/my_job.py:main"}}, tmp_path)
+    finally:
+        sys.path.remove(str(tmp_path / "elsewhere"))
+    item = entry(job_with({}))
+    assert item.value == 42  # the job's own sibling, as for a script
+    # Like a __main__ script's, the file's module is not left importable: its classes pickle by value
+    assert type(item).__module__ == "__hwplace_job_my_job__"
+    assert type(item).__module__ not in sys.modules
+    load_entrypoint({"job": {"entrypoint": "jobs/my_job.py:main"}}, tmp_path)
+    assert sys.path.count(str(tmp_path / "jobs")) == 1  # on the path once, however often it is loaded
+    sys.path.remove(str(tmp_path / "jobs"))
+    with pytest.raises(pickle.PicklingError, match=r"Item"):
+        pickle.dumps(item)
+
+
+def test_a_module_entry_point_is_imported() -> None:
+    import json
+
+    assert load_entrypoint({"job": {"entrypoint": "json:dumps"}}, Path.cwd()) is json.dumps
+
+
+@pytest.mark.parametrize(("section", "message"), [
+    (None, r"^job: is missing; a job: section whose entrypoint is 'file\.py:function'"),
+    ("main", r"^job: must be a mapping \(got 'main'\)"),
+    ({}, r"^job\.entrypoint: is missing; 'file\.py:function' \(a path relative to the config's folder\) or "
+         r"'package\.module:function' \(an installed module\)$"),
+    ({"entrypoint": "pipeline.py"}, r"^job\.entrypoint: must name a function \(got 'pipeline\.py'\)"),
+    ({"entrypoint": "a:b:c"}, r"^job\.entrypoint: must name a function"),
+    ({"entrypoint": ":main"}, r"^job\.entrypoint: must name a function"),
+    ({"entrypoint": 7}, r"^job\.entrypoint: must name a function \(got 7\)"),
+    ({"entrypoint": "missing.py:main"}, r"^job\.entrypoint: there is no file '.*missing\.py' \(got "
+                                        r"'missing\.py:main'\); 'file\.py:function' \(a path"),
+    ({"entrypoint": "no_such_module_here:main"}, r"^job\.entrypoint: there is no module 'no_such_module_here' "
+                                                 r"\(got 'no_such_module_here:main'\); 'file\.py:function'"),
+    ({"entrypoint": "json:dump_it"}, r"^job\.entrypoint: module json has no function 'dump_it'; did you mean "
+                                     r"'dump'\? \(got 'json:dump_it'\); a function that takes the hwplace\.Job$"),
+])
+def test_a_bad_entry_point_is_named_with_the_forms_allowed(section: object, message: str) -> None:
+    config = {} if section is None else {"job": section}
+    with pytest.raises(hwplace.ConfigError, match=message):
+        load_entrypoint(config, Path.cwd())
+
+
+def test_a_missing_import_inside_the_entry_module_shows_the_real_error(tmp_path: Path) -> None:
+    write(tmp_path, "broken_job_module.py", "import not_installed_anywhere\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(ModuleNotFoundError, match=r"not_installed_anywhere"):
+            load_entrypoint({"job": {"entrypoint": "broken_job_module:main"}}, tmp_path)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_a_file_entry_that_is_not_a_function_is_refused(tmp_path: Path) -> None:
+    write(tmp_path, "job.py", "main = 3\ndef run(job):\n    pass\n")
+    with pytest.raises(hwplace.ConfigError, match=r"job\.py has no function 'main' \(got "):
+        load_entrypoint({"job": {"entrypoint": "job.py:main"}}, tmp_path)
+
+
+def test_only_public_functions_are_suggested_for_a_misspelt_entry(tmp_path: Path) -> None:
+    write(tmp_path, "job.py", "maine = 3\ndef _main(job):\n    pass\ndef mainly(job):\n    pass\n")
+    with pytest.raises(hwplace.ConfigError, match=r"has no function 'main'; did you mean 'mainly'\? \(got "):
+        load_entrypoint({"job": {"entrypoint": "job.py:main"}}, tmp_path)
+
+
+# -- overrides -------------------------------------------------------------------------------------
+
+
+def test_overrides_set_yaml_values_and_create_mappings() -> None:
+    config = {"job": {"steps": 30}, "cluster": {"num_nodes": 1}}
+    apply_overrides(config, ["job.steps=5", "cluster.num_nodes=2", "job.name=yes", "job.ranks=[0, 1]",
+                             "new.key.deep=true", "job.empty="])
+    assert config == {"job": {"steps": 5, "name": "yes", "ranks": [0, 1], "empty": ""},
+                      "cluster": {"num_nodes": 2}, "new": {"key": {"deep": True}}}
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    ("job.steps", r"^override: 'job\.steps' is not key=value; dotted\.key=value"),
+    ("=5", r"^override: '=5' is not key=value"),
+    ("job..steps=5", r"^override: 'job\.\.steps=5' is not key=value"),
+    ("job.steps.x=5", r"^job\.steps: is 30, not a mapping, so 'job\.steps\.x' cannot be set"),
+    ("job.steps=[1", r"the value of job\.steps is not valid YAML"),
+])
+def test_a_bad_override_is_named(item: str, message: str) -> None:
+    with pytest.raises(hwplace.ConfigError, match=message):
+        apply_overrides({"job": {"steps": 30}}, [item])
+
+
+# -- hwplace run, before anything starts ---------------------------------------------------------------
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["run", *argv], out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_run_refuses_a_simulated_cluster_of_real_accelerators() -> None:
+    code, _, err = run_cli(str(PIPELINE / "pipeline.yaml"), "--nodes", "1x4:cuda")
+    assert code == 2
+    assert "--nodes: a simulated cluster has fake accelerators only (got '1x4:cuda')" in err
+
+
+def test_run_names_a_missing_entry_point(tmp_path: Path) -> None:
+    config = write(tmp_path, "job.yaml", "cluster: {num_nodes: 1, component_placement: {a: 0}}\n")
+    code, _, err = run_cli(str(config), "--nodes", "1x1")
+    assert code == 2
+    assert err.startswith("hwplace: error: job.entrypoint: is missing; 'file.py:function'")
+
+
+def test_run_applies_overrides_given_before_and_after_options(tmp_path: Path) -> None:
+    code, _, err = run_cli(str(PIPELINE / "pipeline.yaml"), "cluster.num_nodes=x", "--nodes", "1x4")
+    assert (code, err.splitlines()[0]) == (2, "hwplace: error: cluster.num_nodes: must be an integer (got 'x')")
+    code, _, err = run_cli(str(PIPELINE / "pipeline.yaml"), "--nodes", "1x4", "job.entrypoint=nope.py:main")
+    assert code == 2
+    assert "job.entrypoint: there is no file" in err
+
+
+def test_run_rejects_unknown_options() -> None:
+    with pytest.raises(SystemExit, match=r"^2$"):
+        main(["run", str(PIPELINE / "pipeline.yaml"), "--steps", "5"], io.StringIO(), io.StringIO())
+
+
+def test_run_checks_the_placement_against_the_simulated_inventory_before_starting_ray() -> None:
+    # Trainer is placed on accelerators 2-3: one node of 2 is too small. Ray must not even be imported.
+    script = ("import sys; from hwplace.application.cli import main; "
+              f"code = main(['run', {str(PIPELINE / 'pipeline.yaml')!r}, '--nodes', '1x2']); "
+              "print(code, 'ray' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    assert "component 'trainer', entry '2-3'" in done.stderr
+    assert "    trainer: 2-3\n" in done.stderr  # the caret display
+
+
+def test_run_refuses_a_simulated_cluster_and_an_address_together(tmp_path: Path) -> None:
+    code, _, err = run_cli(str(PIPELINE / "pipeline.yaml"), "cluster.address=10.0.0.1:6379", "--nodes", "1x4")
+    assert code == 2
+    assert "cluster.address: is set, but a simulated cluster runs on this machine (got '10.0.0.1:6379')" in err
+
+
+def test_the_example_variants_differ_only_in_placement() -> None:
+    base = hwplace.load_config(PIPELINE / "pipeline.yaml")
+    for variant in ("colocated.yaml", "multinode.yaml"):
+        other = hwplace.load_config(PIPELINE / variant)
+        for config in (base, other):
+            config["cluster"].pop("component_placement")
+        if variant == "multinode.yaml":  # two nodes, so the robots' node and the count differ too
+            assert other["cluster"]["num_nodes"] == 2
+            other["cluster"] = base["cluster"]
+        assert other == base, variant
+        base = hwplace.load_config(PIPELINE / "pipeline.yaml")
+
+
+def test_the_colocated_variant_shares_each_trainer_ranks_accelerator_with_a_rollout() -> None:
+    config = hwplace.load_config(PIPELINE / "colocated.yaml")
+    cluster = fake_cluster(config["cluster"], accelerators_per_node=2)
+    plan = hwplace.ComponentPlacement(config, cluster)
+    rollout, trainer = plan.get_placements("rollout"), plan.get_placements("trainer")
+    assert [p.env for p in rollout] == [p.env for p in trainer] == [{"FAKE_VISIBLE_DEVICES": "0"},
+                                                                    {"FAKE_VISIBLE_DEVICES": "1"}]
+
+
+def test_run_refuses_a_simulated_cluster_smaller_than_the_config() -> None:
+    code, _, err = run_cli(str(PIPELINE / "multinode.yaml"), "--nodes", "1x4")
+    assert (code, err) == (2, "hwplace: error: --nodes: gives 1 node but cluster.num_nodes is 2 (got '1x4'); at "
+                              "least 2 nodes, such as --nodes 2x4\n")
