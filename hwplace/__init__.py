@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pluggy
 
+from hwplace import errors as errors  # the public modules: hwplace.errors, hwplace.executor, hwplace.testing
+from hwplace import executor as executor
 from hwplace import testing
 from hwplace.application.job import Job, run_job
 from hwplace.channels.balance import balanced_split, imbalance

@@ -112,7 +112,7 @@ def test_a_module_imports_only_its_own_layer_or_the_layers_below() -> None:
 
 def test_planning_and_channels_do_not_import_each_other() -> None:
     def room(module: str) -> str:
-        return (module.split(".") + [""])[1]
+        return [*module.split("."), ""][1]
 
     across = [i for i in IMPORTS if {room(i.source), room(i.target)} == {"planning", "channels"}]
     assert across == []

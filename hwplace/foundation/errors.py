@@ -12,6 +12,10 @@ class HwplaceError(Exception):
     """Base of every error hwplace raises on purpose."""
 
 
+def _rebuild(cls: type[HwplaceError], args: tuple[Any, ...], kwargs: dict[str, Any]) -> HwplaceError:
+    return cls(*args, **kwargs)
+
+
 class ConfigError(HwplaceError, ValueError):
     """A configuration value breaks a rule.
 
@@ -30,6 +34,9 @@ class ConfigError(HwplaceError, ValueError):
         if allowed:
             message += f"; {allowed}"
         super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses processes (a worker's error) with its fields
+        return _rebuild, (type(self), (self.path, self.problem), {"value": self.value, "allowed": self.allowed})
 
 
 class PlacementError(HwplaceError, ValueError):
@@ -55,6 +62,10 @@ class PlacementError(HwplaceError, ValueError):
         self.span = span
         self.rank = rank
         super().__init__(self._message())
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses processes (a worker's error) with its fields
+        return _rebuild, (type(self), (self.reason,), {"component": self.component, "text": self.text,
+                                                       "span": self.span, "rank": self.rank})
 
     @property
     def entry(self) -> str | None:
@@ -145,3 +156,10 @@ class ChannelTimeout(HwplaceError, TimeoutError):
 
 class ChannelLost(HwplaceError, ConnectionError):
     """The process hosting a channel is gone (it died, or its node did); the channel's items are lost with it."""
+
+
+# Users meet these classes as hwplace.errors.X (and hwplace.X): tracebacks and pickles name that public module,
+# which re-exports them, rather than this layer's path.
+for _error in (HwplaceError, ConfigError, PlacementError, PluginError, WorkerError, ChannelClosed, ChannelEmpty,
+               ChannelFull, ChannelTimeout, ChannelLost):
+    _error.__module__ = "hwplace.errors"
