@@ -78,6 +78,9 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.summary is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.summary))):
+        raise ConfigError("--summary", "names a file in a folder that does not exist", value=args.summary,
+                          allowed="a file in an existing folder (it is written when the job returns)")
     config = apply_overrides(load_config(args.config), args.overrides)
     config.setdefault("job", {})  # a config without one is named as job.entrypoint's problem, with the forms
     counts = None
@@ -87,14 +90,32 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             raise ConfigError("--nodes", "a simulated cluster has fake accelerators only", value=args.nodes,
                               allowed="4x8 or 8,8,4 without a :type; plan other types with hwplace plan --nodes")
     try:
-        run_job(config, accelerators_per_node=counts, out=out, base=os.path.dirname(os.path.abspath(args.config)))
+        result = run_job(config, accelerators_per_node=counts, out=out,
+                         base=os.path.dirname(os.path.abspath(args.config)))
     except ConfigError as exc:  # the simulated cluster's shape is the option's mistake: name the option
         if exc.path != "accelerators_per_node":
             raise
         wanted = exc.allowed.split()[2] if exc.allowed else "N"  # "at least N nodes"
         raise ConfigError("--nodes", exc.problem, value=args.nodes,
                           allowed=f"{exc.allowed}, such as --nodes {wanted}x4") from None
+    if args.summary is not None:
+        with open(args.summary, "w", encoding="utf-8") as file:
+            json.dump(result, file, indent=2, default=_jsonable)
+            file.write("\n")
     return 0
+
+
+def _jsonable(value: Any) -> Any:
+    """What ``--summary`` writes for a value JSON has no type for: records as mappings, sets as sorted lists,
+    scalars of numpy or torch as numbers, anything else as its repr."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", None) == 0:
+        return item()
+    return safe_repr(value)
 
 
 def _node_rank(args: argparse.Namespace, num_nodes: int) -> int:
@@ -198,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="set config values before running, such as job.steps=5 or cluster.num_nodes=2")
     run.add_argument("--nodes", help="run on a throwaway local Ray cluster of this shape, with fake accelerators: "
                      "1x4 (one node of 4), 2x4, or 4,2")
+    run.add_argument("--summary", metavar="FILE", help="write what the job's entry point returns to FILE, as JSON")
     run.set_defaults(run=_run)
     hardware = commands.add_parser("hardware", help="list the registered backends and what they detect here")
     hardware.add_argument("--config", help="also detect the devices this config declares for this node")

@@ -110,7 +110,8 @@ def load_entrypoint(config: Mapping[str, Any], base: Path) -> Callable[[Job], An
     """The function ``job.entrypoint`` names; a file path is read relative to ``base``.
 
     A file is run as a script would be, in a module of its own that is not left in ``sys.modules``, so its
-    classes travel to the workers by value, like those of a ``__main__`` script.
+    classes travel to the workers by value, like those of a ``__main__`` script; so do the modules it imports
+    from its own folder, which no worker needs a copy of.
     """
     spec = job_section(config).get(ENTRYPOINT_KEY)
     path = f"job.{ENTRYPOINT_KEY}"
@@ -124,7 +125,11 @@ def load_entrypoint(config: Mapping[str, Any], base: Path) -> Callable[[Job], An
             raise ConfigError(path, f"there is no file {str(file)!r}", value=spec, allowed=ENTRYPOINT_FORMS)
         if str(file.parent) not in sys.path:  # its sibling modules import as they would for a script
             sys.path.insert(0, str(file.parent))
+        before = set(sys.modules)
         namespace = runpy.run_path(str(file), run_name=f"__hwplace_job_{file.stem}__")
+        for name in set(sys.modules) - before:  # its sibling modules travel by value too, like the file itself
+            if _inside(getattr(sys.modules[name], "__file__", None), file.parent):
+                del sys.modules[name]
         source = str(file)
     else:
         try:
@@ -140,6 +145,11 @@ def load_entrypoint(config: Mapping[str, Any], base: Path) -> Callable[[Job], An
         raise ConfigError(path, f"{source} has no function {function!r}{did_you_mean(function, functions)}",
                           value=spec, allowed="a function that takes the hwplace.Job")
     return entry  # type: ignore[no-any-return]
+
+
+def _inside(path: str | None, folder: Path) -> bool:
+    """Whether the file ``path`` lies in ``folder`` or below it."""
+    return path is not None and Path(path).resolve().is_relative_to(folder)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import hwplace
-from hwplace.application.cli import main
+from hwplace.application.cli import _jsonable, main
 from hwplace.application.job import Job, load_entrypoint
 from hwplace.config.loading import apply_overrides
 from hwplace.testing import fake_cluster
@@ -115,6 +115,7 @@ def test_a_file_entry_point_is_read_relative_to_the_base_and_imports_its_sibling
     # Like a __main__ script's, the file's module is not left importable: its classes pickle by value
     assert type(item).__module__ == "__hwplace_job_my_job__"
     assert type(item).__module__ not in sys.modules
+    assert sibling not in sys.modules  # nor are the modules it imported from its folder: they travel by value
     load_entrypoint({"job": {"entrypoint": "jobs/my_job.py:main"}}, tmp_path)
     assert sys.path.count(str(tmp_path / "jobs")) == 1  # on the path once, however often it is loaded
     sys.path.remove(str(tmp_path / "jobs"))
@@ -273,3 +274,26 @@ def test_run_refuses_a_simulated_cluster_smaller_than_the_config() -> None:
     code, _, err = run_cli(str(PIPELINE / "multinode.yaml"), "--nodes", "1x4")
     assert (code, err) == (2, "hwplace: error: --nodes: gives 1 node but cluster.num_nodes is 2 (got '1x4'); at "
                               "least 2 nodes, such as --nodes 2x4\n")
+
+
+def test_run_refuses_a_summary_file_in_a_missing_folder_before_running(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no" / "s.json")
+    code, _, err = run_cli(str(PIPELINE / "pipeline.yaml"), "--nodes", "1x4", "--summary", missing)
+    assert code == 2
+    assert err.startswith("hwplace: error: --summary: names a file in a folder that does not exist")
+
+
+def test_a_summary_writes_records_sets_and_scalars_as_json() -> None:
+    import dataclasses
+
+    import numpy
+
+    @dataclasses.dataclass
+    class Point:
+        step: int
+        value: float
+
+    assert _jsonable(Point(1, 0.5)) == {"step": 1, "value": 0.5}
+    assert _jsonable({3, 1, 2}) == [1, 2, 3]
+    assert _jsonable(numpy.float32(0.25)) == 0.25
+    assert _jsonable(object()).startswith("<object object at")
