@@ -1,13 +1,15 @@
-"""Shared fixtures: a fresh plugin manager, vendor distributions installed into a temporary path, and the
-``time_limit`` marker."""
+"""Shared fixtures: a fresh plugin manager, vendor distributions installed into a temporary path, a counter of
+function calls (work done, where a test would otherwise time something), and the ``time_limit`` marker."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import signal
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,52 @@ from hwplace.plugin import manager as plugin_manager
 FakeDistribution = Callable[..., Path]
 
 
+TIME_LIMIT_GRACE = 30
+"""Seconds past a ``time_limit`` after which pytest-timeout's thread ends the run: SIGALRM cannot interrupt a
+test blocked in C code (a ``ray.get``), the thread can."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "time_limit(seconds): the test fails with TimeoutError after that many "
-                                       "seconds rather than hang (SIGALRM; mutmut's own timeout counts CPU time)")
+                                       "seconds rather than hang (SIGALRM; mutmut's own timeout counts CPU time); "
+                                       f"if SIGALRM cannot reach it, pytest-timeout ends the run {TIME_LIMIT_GRACE} "
+                                       "s later")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        marker = item.get_closest_marker("time_limit")
+        if marker is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(int(marker.args[0]) + TIME_LIMIT_GRACE, method="thread"))
+
+
+@dataclass
+class CallCount:
+    """The function calls (Python and C) made inside a :func:`count_calls` block."""
+
+    count: int = 0
+
+
+@pytest.fixture
+def count_calls() -> Callable[[], contextlib.AbstractContextManager[CallCount]]:
+    """``with count_calls() as calls: ...`` counts the calls made in the block: the work done, which a loaded
+    machine does not stretch as it stretches wall-clock time."""
+
+    @contextlib.contextmanager
+    def counting() -> Iterator[CallCount]:
+        calls = CallCount()
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            if event in ("call", "c_call"):
+                calls.count += 1
+
+        sys.setprofile(count)
+        try:
+            yield calls
+        finally:
+            sys.setprofile(None)
+
+    return counting
 
 
 @pytest.fixture(autouse=True)

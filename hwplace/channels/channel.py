@@ -34,6 +34,8 @@ from hwplace.plugin.current import current_executor
 
 CHANNEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
 QUEUE_NAME_BYTES = 1024
+MAX_MAXSIZE = (1 << 63) - 1
+"""The largest bound a queue may have: the wire carries it as an unsigned 64-bit number."""
 INLINE_LIMIT = 1 << 20
 """Items whose pickled size reaches this many bytes go through the object store by reference."""
 
@@ -143,6 +145,7 @@ class ChannelHandle:
         return self._reply.done()
 
     def wait(self, timeout: float | None = None) -> Any:
+        timeout = _timeout(timeout)  # a negative or NaN timeout would wait forever, or raise a bare ValueError
         self._flush()
         try:
             self._reply.result(timeout)
@@ -222,8 +225,9 @@ class Channel:
         or on this process's node. A name in use is a :class:`hwplace.ConfigError`.
         """
         _check_name(name)
-        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 0:
-            raise ConfigError("maxsize", "must be a whole number >= 0 (0: unbounded)", value=maxsize)
+        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or not 0 <= maxsize <= MAX_MAXSIZE:
+            raise ConfigError("maxsize", f"must be a whole number from 0 (unbounded) to {MAX_MAXSIZE:,}",
+                              value=maxsize)
         if group_affinity is None and group_rank_affinity is not None:
             raise ConfigError("group_rank_affinity", "needs group_affinity (the group whose rank it names)",
                               value=group_rank_affinity)

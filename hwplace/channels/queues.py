@@ -8,7 +8,9 @@ back to its caller when the ticket resolves. Rules, per queue:
 - ``get_batch`` takes at least one item and stops once the summed weight reaches its target. While it
   waits, it holds what it gathered outside the queue (so producers are not stuck behind a batch larger
   than ``maxsize``); if it is cancelled, those items go back to the head of the queue, in order;
-- ``close`` resolves every waiter with ``CLOSED``, and every later request too.
+- ``close`` resolves every waiter with ``CLOSED``, and every later request too;
+- a queue that holds nothing and has nobody waiting is forgotten: memory per queue name lasts only while the
+  queue is in use.
 """
 
 from __future__ import annotations
@@ -77,6 +79,10 @@ class WeightedQueues:
             queue = self._queues[name] = _Queue()
         return queue
 
+    def _forget_if_idle(self, name: str, queue: _Queue) -> None:
+        if not (queue.items or queue.getters or queue.putters) and self._queues.get(name) is queue:
+            del self._queues[name]
+
     def _has_room(self, queue: _Queue) -> bool:
         return not self.maxsize or len(queue.items) < self.maxsize
 
@@ -95,6 +101,7 @@ class WeightedQueues:
         queue.items.append((item, weight))
         reply(Status.OK, None)
         self._settle(queue)
+        self._forget_if_idle(name, queue)
         return None
 
     def get(self, name: str, reply: Reply, *, block: bool = True) -> Ticket | None:
@@ -107,13 +114,15 @@ class WeightedQueues:
         if self.closed:
             reply(Status.CLOSED, None)
             return None
-        queue = self._queue(name)
-        if not queue.items and not block:
+        queue = self._queues.get(name)
+        if (queue is None or not queue.items) and not block:
             reply(Status.EMPTY, None)
             return None
+        queue = self._queue(name)
         ticket = Ticket(name, reply, target=target)
         queue.getters.append(ticket)
         self._settle(queue)
+        self._forget_if_idle(name, queue)
         return None if ticket.done else ticket
 
     def _settle(self, queue: _Queue) -> None:
@@ -154,6 +163,7 @@ class WeightedQueues:
             queue.items.extendleft(reversed(ticket.taken))
         ticket.resolve(Status.TIMEOUT)
         self._settle(queue)
+        self._forget_if_idle(ticket.queue, queue)
 
     def close(self) -> list[Any]:
         """Close every queue: each waiter gets ``CLOSED``. Returns the items dropped (queued, held or waiting)."""
@@ -167,6 +177,10 @@ class WeightedQueues:
                 ticket.resolve(Status.CLOSED)
         self._queues.clear()
         return dropped
+
+    def queue_names(self) -> list[str]:
+        """The queues in use: those holding items or with callers waiting on them."""
+        return list(self._queues)
 
     def qsize(self, name: str) -> int:
         """The number of items in queue ``name`` (not counting those a waiting ``get_batch`` holds)."""

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from hwplace.channels.queues import Status, Ticket, WeightedQueues
 from hwplace.channels.wire import (
+    AUTH_TIMEOUT,
     BAD_REQUEST,
     CLOSE,
     COUNTS,
@@ -24,11 +25,13 @@ from hwplace.channels.wire import (
     HELLO,
     LENGTH,
     MAX_FRAME,
+    MAX_HELLO,
     PUT,
     PUT_NOWAIT,
     QSIZE,
     REPLY,
     REQUEST,
+    TOKEN_SIZE,
     reference_key,
 )
 
@@ -42,14 +45,14 @@ class ChannelServer:
 
     def __init__(self, maxsize: int, on_drop: Callable[[bytes], None] | None = None) -> None:
         self.queues = WeightedQueues(maxsize)
-        self.token = os.urandom(16)
+        self.token = os.urandom(TOKEN_SIZE)
         self._on_drop = on_drop
         self._dirty: set[_Connection] = set()
         self._flush_scheduled = False
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str = "0.0.0.0") -> int:
-        """Listen on ``host`` (all interfaces by default); returns the port."""
+    async def start(self, host: str) -> int:
+        """Listen on ``host``, the address handed to clients (never all interfaces); returns the port."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, 0)
         return int(self._server.sockets[0].getsockname()[1])
@@ -83,9 +86,12 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.greeted = False
         self.waiting: dict[Ticket, asyncio.TimerHandle | None] = {}
+        self._unauthenticated: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        # A peer has AUTH_TIMEOUT seconds to send the token; one that does not is dropped.
+        self._unauthenticated = asyncio.get_running_loop().call_later(AUTH_TIMEOUT, self._abort)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -93,6 +99,8 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         # Whoever waited here is gone: their requests end (unanswered), so no item goes to a dead caller.
         self.transport = None
+        if self._unauthenticated is not None:
+            self._unauthenticated.cancel()
         for ticket, timer in list(self.waiting.items()):
             if timer is not None:
                 timer.cancel()
@@ -107,7 +115,9 @@ class _Connection(asyncio.Protocol):
             while self.transport is not None and len(view) - start >= LENGTH.size:
                 (body,) = LENGTH.unpack_from(view, start)
                 end = start + LENGTH.size + body
-                if body < REQUEST.size - LENGTH.size or body > MAX_FRAME:
+                # Before the token, only a HELLO's few bytes are read: an unauthenticated peer cannot make
+                # the host buffer a large frame.
+                if body < REQUEST.size - LENGTH.size or body > (MAX_FRAME if self.greeted else MAX_HELLO):
                     self._abort()
                     return
                 if len(view) < end:
@@ -134,6 +144,8 @@ class _Connection(asyncio.Protocol):
                 self._abort()
                 return
             self.greeted = True
+            if self._unauthenticated is not None:
+                self._unauthenticated.cancel()
             return
         try:
             queue = bytes(view[start + REQUEST.size : name_end]).decode()

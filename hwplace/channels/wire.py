@@ -25,6 +25,11 @@ REPLY = struct.Struct("!IIB")  # body length, request id, status
 LENGTH = struct.Struct("!I")
 COUNTS = struct.Struct("!QQ")
 MAX_FRAME = 1 << 31
+TOKEN_SIZE = 16
+MAX_HELLO = REQUEST.size - LENGTH.size + TOKEN_SIZE
+"""The largest frame a host reads from a peer that has not authenticated yet: a HELLO carrying the token."""
+AUTH_TIMEOUT = 5.0
+"""Seconds a peer has, once connected, to authenticate; then the host drops it."""
 FLUSH_BYTES = 1 << 16  # deferred requests are sent once this many bytes wait...
 FLUSH_DELAY = 0.0005  # ...or this many seconds after the first of them
 

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from hwplace.foundation.errors import ConfigError
-from hwplace.foundation.wording import safe_repr
+from hwplace.foundation.wording import did_you_mean, safe_repr
 
 _MAX_FILE_BYTES = 1024 * 1024  # pure-Python PyYAML parses as little as 64 KiB a second
 _MAX_INT_DIGITS = 30
@@ -182,29 +182,57 @@ def _parse(text: str, name: str) -> Any:
 _OVERRIDE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*$")
 
 
+CHECKED_SECTIONS = ("cluster", "job")
+"""Top-level sections whose keys hwplace checks itself (``cluster:`` when it is parsed, ``job:`` against the
+entry point's settings): an override may add a key there that the file leaves out."""
+
+
 def apply_overrides(config: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """``config`` with each ``dotted.key=value`` set; values are YAML (``job.steps=5``, ``a.b='[1, 2]'``).
 
-    Missing mappings on the way are created; a key that passes through a value that is not a mapping is a
-    ``ConfigError``. New keys are allowed here: the config's own checks refuse the unknown ones.
+    A path must name something: its first key a section of the config (or one hwplace reads, ``cluster`` and
+    ``job``), and inside any other section every key must already be there. Inside ``cluster:`` and ``job:``
+    new keys are allowed, since their own checks refuse the unknown ones (with a did-you-mean). A path that
+    names nothing, or passes through a value that is not a mapping, is a ``ConfigError``.
     """
     allowed = "dotted.key=value, such as job.steps=5 or cluster.num_nodes=2"
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not _OVERRIDE_KEY.match(key.strip()):
             raise ConfigError("override", f"{item[:60]!r} is not key=value", allowed=allowed)
-        *parents, last = key.strip().split(".")
+        key = key.strip()
+        *parents, last = key.split(".")
+        checked = (parents or [last])[0] in CHECKED_SECTIONS
         target = config
-        for depth, part in enumerate(parents):
-            child = target.setdefault(part, {})
-            if not isinstance(child, dict):
-                where = ".".join(parents[: depth + 1])
-                raise ConfigError(where, f"is {safe_repr(child)}, not a mapping, so {key.strip()!r} cannot be set",
-                                  allowed=allowed)
-            target = child
-        value = _parse(raw, f"the value of {key.strip()}") if raw.strip() else ""
+        for depth, part in enumerate([*parents, last]):
+            if part in target or checked:
+                if depth == len(parents):
+                    break
+                child = target.setdefault(part, {})
+                if not isinstance(child, dict):
+                    where = ".".join(parents[: depth + 1])
+                    raise ConfigError(where, f"is {safe_repr(child)}, not a mapping, so {key!r} cannot be set",
+                                      allowed=allowed)
+                target = child
+                continue
+            where = ".".join(parents[:depth]) or "the config's top level"
+            known = list(dict.fromkeys([*target, *CHECKED_SECTIONS])) if depth == 0 else list(target)
+            raise ConfigError(f"override {key}", f"names nothing: {where} has no key {part!r}"
+                              f"{_suggest(config, parents[:depth], part, known)}",
+                              allowed=f"a path into the config (keys there: {', '.join(map(str, known)) or 'none'})")
+        value = _parse(raw, f"the value of {key}") if raw.strip() else ""
         target[last] = "" if value is _EMPTY else value
     return config
+
+
+def _suggest(config: Mapping[str, Any], parents: list[str], part: str, known: list[Any]) -> str:
+    """A did-you-mean for an override key: a key beside it, or (at the top) the key inside a section."""
+    close = did_you_mean(part, known)
+    if close or parents:
+        return close
+    inside = [f"{name}.{key}" for name, section in config.items() if isinstance(section, Mapping)
+              for key in section if key == part]
+    return f"; did you mean {(inside or [f'job.{part}'])[0]!r}?"
 
 
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | Any) -> dict[str, Any]:

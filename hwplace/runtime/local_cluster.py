@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -39,7 +41,9 @@ def local_ray_cluster(
     Node ``i`` is a raylet of its own whose environment has ``HWPLACE_NODE_RANK=i`` and
     ``HWPLACE_FAKE_ACCELERATORS`` (``accelerators_per_node``: one count for every node, or one per node),
     plus ``env_vars``. Its workers can import what the driver imports from outside its environment (the
-    folders pytest puts on ``sys.path``, a source checkout). The cluster stops when the block ends.
+    folders pytest puts on ``sys.path``, a source checkout). The cluster stops when the block ends. Its files
+    live in a private folder, so another process's ``ray.init()`` never finds it (Ray's "latest cluster on
+    this machine" stays what ``ray start`` made).
     """
     counts = accelerator_counts(accelerators_per_node, num_nodes, None)
     if isinstance(cpus_per_node, bool) or not isinstance(cpus_per_node, int) or cpus_per_node < 1:
@@ -57,15 +61,49 @@ def local_ray_cluster(
         return {"num_cpus": cpus_per_node, "env_vars": env, "include_dashboard": False} if rank == 0 else \
             {"num_cpus": cpus_per_node, "env_vars": env}
 
-    cluster = RayCluster(initialize_head=True, head_node_args=node_args(0))
-    try:
-        for rank in range(1, len(counts)):
-            cluster.add_node(**node_args(rank))
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address)
+    with _private_ray_folder() as folder:
+        # Ray records the latest cluster started on a machine (``ray_current_cluster`` in its temp folder),
+        # where another process's ray.init() looks: this one is recorded in its own folder, found by nobody.
+        with _environment(RAY_TMPDIR=folder):
+            cluster = RayCluster(initialize_head=False)
+            try:
+                cluster.add_node(**node_args(0))
+            except BaseException:
+                cluster.shutdown()  # type: ignore[no-untyped-call]
+                raise
         try:
-            yield str(cluster.address)
+            for rank in range(1, len(counts)):
+                cluster.add_node(**node_args(rank))
+            cluster.wait_for_nodes()
+            ray.init(address=cluster.address)
+            try:
+                yield str(cluster.address)
+            finally:
+                ray.shutdown()
         finally:
-            ray.shutdown()
+            cluster.shutdown()  # type: ignore[no-untyped-call]
+
+
+@contextlib.contextmanager
+def _private_ray_folder() -> Iterator[str]:
+    """A folder of this process's own for a throwaway cluster's files, removed afterwards. It is short
+    (``/tmp/hwplace-ray-*``): Ray's socket paths inside it must stay under the system's limit."""
+    folder = tempfile.mkdtemp(prefix="hwplace-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    try:
+        yield folder
     finally:
-        cluster.shutdown()  # type: ignore[no-untyped-call]
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

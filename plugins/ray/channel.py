@@ -34,8 +34,8 @@ class ChannelHost:
     async def start(self) -> tuple[str, int, bytes, int, str]:
         """Serve; returns the address clients connect to: host, port, token, maxsize and the node's id."""
         if self._address is None:
-            port = await self._server.start()
             ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+            port = await self._server.start(ip)  # only the address clients are given
             self._address = (ip, port, self._server.token, self._server.queues.maxsize,
                              ray.get_runtime_context().get_node_id())
         return self._address

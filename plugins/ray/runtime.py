@@ -8,10 +8,13 @@ travels pickled and is loaded only after hwplace's variables are set in the proc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pickle import PicklingError
 from typing import Any
 
 import ray
@@ -77,7 +80,8 @@ class RayGroupRuntime(GroupRuntime):
         self.specs = tuple(request.workers)
         self._release = release
         payload = cloudpickle.dumps(request.worker_class)  # type: ignore[no-untyped-call]
-        shared = ray.put((payload, request.args, dict(request.kwargs)))
+        with _pickled(self.name, range(len(self.specs)), "the constructor", request.args, request.kwargs):
+            shared = ray.put((payload, request.args, dict(request.kwargs)))
         size = len(self.specs)
         self.actors = [
             host.options(**_actor_options(spec)).remote(
@@ -91,9 +95,10 @@ class RayGroupRuntime(GroupRuntime):
 
     def call(self, ranks: Sequence[int], method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Handle:
         sent: tuple[Any, Any] = (args, kwargs)
-        if len(ranks) > 1 and (args or kwargs):
-            sent = (ray.put(args), ray.put(kwargs))  # serialised once, not once per rank; Ray resolves them
-        refs = [self.actors[r].call.remote(method, *sent) for r in ranks]
+        with _pickled(self.name, ranks, f"{method}()", args, kwargs):
+            if len(ranks) > 1 and (args or kwargs):
+                sent = (ray.put(args), ray.put(kwargs))  # serialised once, not once per rank; Ray resolves them
+            refs = [self.actors[r].call.remote(method, *sent) for r in ranks]
         return RayHandle(self, tuple(ranks), refs, f"{method}()")
 
     def shutdown(self) -> None:
@@ -111,9 +116,42 @@ class RayGroupRuntime(GroupRuntime):
             return WorkerError(f"{what} failed: the worker process has died (node {node_rank} is "
                                f"{node.address}, Ray node {node.node_id[:12]}): {first_line(outcome)}",
                                group=self.name, rank=rank, node_rank=node_rank)
+        if isinstance(outcome, ray.exceptions.RayTaskError) and isinstance(outcome.cause, TypeError | PicklingError):
+            # WorkerHost.call catches whatever the method raises: a TypeError here is Ray pickling its result
+            return WorkerError(f"{what} returned a value that cannot be pickled ({_unpicklable(outcome.cause)}); "
+                               "return plain data, arrays, tensors or objects that pickle", group=self.name, rank=rank,
+                               node_rank=node_rank)
         if isinstance(outcome, ray.exceptions.RayError):
             return WorkerError(f"{what} failed in Ray: {outcome}", group=self.name, rank=rank, node_rank=node_rank)
         return None
+
+
+def _unpicklable(error: BaseException) -> str:
+    """What pickle said it could not pickle: ``a _thread.lock`` from "cannot pickle '_thread.lock' object"."""
+    found = re.search(r"(?:cannot|Can't) pickle '?([\w.<>]+)'?", str(error))
+    return f"a {found.group(1)} does not pickle" if found else first_line(error)
+
+
+@contextlib.contextmanager
+def _pickled(group: str, ranks: Sequence[int], what: str, args: tuple[Any, ...],
+             kwargs: Mapping[str, Any]) -> Iterator[None]:
+    """Turn Ray's failure to pickle a call's arguments into a WorkerError naming the argument and its type."""
+    try:
+        yield
+    except (TypeError, PicklingError) as exc:
+        named = [(f"argument {i}", v) for i, v in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+        for name, value in named:
+            try:
+                cloudpickle.dumps(value)  # type: ignore[no-untyped-call]
+            except Exception as cause:  # whatever pickling raises names the culprit
+                problem = f"{name}, a {type(value).__module__}.{type(value).__qualname__}, cannot be pickled " \
+                          f"({first_line(cause)})"
+                break
+        else:
+            problem = f"its arguments cannot be pickled ({first_line(exc)})"
+        where = "" if len(ranks) == 1 else f" to ranks {', '.join(map(str, ranks))}"
+        raise WorkerError(f"{what} was not sent{where}: {problem}; pass plain data, arrays or tensors, or objects "
+                          "that pickle", group=group, rank=ranks[0] if len(ranks) == 1 else None) from None
 
 
 def first_line(error: BaseException) -> str:

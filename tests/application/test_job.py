@@ -176,12 +176,31 @@ def test_only_public_functions_are_suggested_for_a_misspelt_entry(tmp_path: Path
 # -- overrides -------------------------------------------------------------------------------------
 
 
-def test_overrides_set_yaml_values_and_create_mappings() -> None:
-    config = {"job": {"steps": 30}, "cluster": {"num_nodes": 1}}
+def test_overrides_set_yaml_values_and_create_mappings_in_checked_sections() -> None:
+    config = {"job": {"steps": 30}, "cluster": {"num_nodes": 1}, "model": {"lr": 0.1}}
     apply_overrides(config, ["job.steps=5", "cluster.num_nodes=2", "job.name=yes", "job.ranks=[0, 1]",
-                             "new.key.deep=true", "job.empty="])
+                             "cluster.address=local", "job.empty=", "model.lr=0.5"])
     assert config == {"job": {"steps": 5, "name": "yes", "ranks": [0, 1], "empty": ""},
-                      "cluster": {"num_nodes": 2}, "new": {"key": {"deep": True}}}
+                      "cluster": {"num_nodes": 2, "address": "local"}, "model": {"lr": 0.5}}
+    fresh: dict[str, object] = {}
+    apply_overrides(fresh, ["job.steps=5", "cluster.sub.key=1"])  # their own checks name unknown keys
+    assert fresh == {"job": {"steps": 5}, "cluster": {"sub": {"key": 1}}}
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    ("steps=5", r"^override steps: names nothing: the config's top level has no key 'steps'; did you mean "
+                r"'job\.steps'\?"),
+    ("jbo.steps=5", r"^override jbo\.steps: names nothing: the config's top level has no key 'jbo'; did you mean "
+                    r"'job'\?; a path into the config \(keys there: job, model, cluster\)"),
+    ("model.lrr=1", r"^override model\.lrr: names nothing: model has no key 'lrr'; did you mean 'lr'\?"),
+    ("new.key.deep=true", r"^override new\.key\.deep: names nothing: the config's top level has no key 'new'"),
+    ("lr=1", r"has no key 'lr'; did you mean 'model\.lr'\?"),
+])
+def test_an_override_that_names_nothing_is_refused_with_a_did_you_mean(item: str, message: str) -> None:
+    config = {"job": {"steps": 30}, "model": {"lr": 0.1}}
+    with pytest.raises(hwplace.ConfigError, match=message):
+        apply_overrides(config, [item])
+    assert config == {"job": {"steps": 30}, "model": {"lr": 0.1}}
 
 
 @pytest.mark.parametrize(("item", "message"), [

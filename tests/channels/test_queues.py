@@ -804,3 +804,37 @@ def test_the_reference_model_follows_the_contract_examples() -> None:
     assert reference.queued["a"] == [(2, 3.0)]
     assert reference.request(Waiting(12, "get", "a"), block=False) == {12: (Status.OK, 2)}
     assert reference.request(Waiting(13, "get", "a"), block=False) == {13: (Status.EMPTY, None)}
+
+
+# -- memory per queue name -----------------------------------------------------------------------------
+
+
+def test_a_queue_is_forgotten_once_empty_and_unused() -> None:
+    queues = WeightedQueues(maxsize=1)
+    replies: list[tuple[Status, Any]] = []
+
+    def reply(status: Status, value: Any) -> None:
+        replies.append((status, value))
+
+    for n in range(1000):  # a get_nowait that finds nothing leaves nothing behind
+        queues.get(f"probe{n}", reply, block=False)
+    assert queues.queue_names() == []
+    queues.put("a", 1, 1.0, reply)
+    waiting_put = queues.put("a", 2, 1.0, reply)
+    waiting_get = queues.get("b", reply)
+    batch = queues.get_batch("c", 5.0, reply)
+    assert sorted(queues.queue_names()) == ["a", "b", "c"]  # in use: items or waiters
+    assert waiting_put is not None
+    assert waiting_get is not None
+    assert batch is not None
+    queues.get("a", reply)
+    queues.get("a", reply)
+    queues.cancel(waiting_get)
+    assert sorted(queues.queue_names()) == ["c"]
+    queues.put("c", 3, 1.0, reply)  # held by the waiting batch, outside the queue: still in use
+    assert queues.queue_names() == ["c"]
+    queues.cancel(batch)  # what it held goes back: the queue holds an item
+    assert queues.queue_names() == ["c"]
+    queues.get("c", reply)
+    assert queues.queue_names() == []
+    assert [s for s, _ in replies].count(Status.EMPTY) == 1000

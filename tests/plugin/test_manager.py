@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -38,9 +37,11 @@ class Sleepy(hwplace.HardwareBackend):
 
     def __init__(self) -> None:
         self.release = threading.Event()
+        self.returned = False
 
     def detect(self, configs):
         self.release.wait(30)
+        self.returned = True
         return []
 
 
@@ -159,9 +160,8 @@ def test_detection_that_hangs_is_cut_off_and_reported() -> None:
     sleepy = Sleepy()
     manager = PluginManager()
     manager.register(Plugin(sleepy), name="sleepy-plugin")
-    start = time.perf_counter()
     detection = manager.detect("sleepy", timeout=0.2)
-    assert time.perf_counter() - start < 2
+    assert not sleepy.returned  # detect was cut off while the backend still hung
     sleepy.release.set()
     assert detection.devices == ()
     assert detection.error == "detect did not finish within 0.2 s"

@@ -106,11 +106,9 @@ def test_a_worker_killed_mid_run_is_a_worker_error_not_a_hang(hwplace_local_ray:
         time.sleep(2)  # training is under way
         assert thread.is_alive(), outcome
         victim = dict(line.split() for line in pids.read_text().splitlines())["1"]
-        killed = time.monotonic()
         os.kill(int(victim), signal.SIGKILL)
         thread.join(timeout=60)
         assert not thread.is_alive(), "the pipeline hung after a worker was killed"
-        assert time.monotonic() - killed < 30
     finally:
         job.shutdown()
     [error] = outcome
