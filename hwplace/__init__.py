@@ -14,6 +14,7 @@ from hwplace import testing
 from hwplace.application.job import Job, run_job
 from hwplace.channels.balance import balanced_split, imbalance
 from hwplace.channels.channel import Channel, ChannelHandle
+from hwplace.channels.queues import QueueStats
 from hwplace.config.loading import load_config
 from hwplace.config.records import ClusterConfig, NodeGroup
 from hwplace.config.section import parse_cluster_config
@@ -77,6 +78,7 @@ __all__ = [
     "PlacementStrategy",
     "PluginError",
     "PluginManager",
+    "QueueStats",
     "Worker",
     "WorkerError",
     "WorkerGroup",

@@ -8,6 +8,7 @@ items larger than :data:`INLINE_LIMIT` bytes travel through the executor's objec
 
 from __future__ import annotations
 
+import numbers
 import os
 import pickle
 import re
@@ -18,7 +19,7 @@ from typing import Any, Literal, SupportsFloat, overload
 
 from hwplace.channels import wire
 from hwplace.channels.balance import is_weight
-from hwplace.channels.queues import Status
+from hwplace.channels.queues import QueueStats, Status
 from hwplace.channels.wire import Reply
 from hwplace.contracts.executor import ChannelAddress, ObjectStore
 from hwplace.foundation.errors import (
@@ -248,10 +249,10 @@ class Channel:
         return f"<Channel {self.name!r} on {self.where}{bound}>"
 
     def _call(self, op: int, what: str, queue_name: str, number: float = 0.0, timeout: float | None = None,
-              payload: bytes = b"", async_op: bool = False) -> Any:
+              payload: bytes = b"", async_op: bool = False, version: int | None = None) -> Any:
         """Send one request; its result, or (``async_op``) a handle on it."""
         connection = _connection(self._address)
-        reply = connection.request(op, number, timeout, _queue(queue_name), payload, defer=async_op)
+        reply = connection.request(op, number, timeout, _queue(queue_name), payload, defer=async_op, version=version)
 
         def finish(status: int, data: bytearray) -> Any:
             if status != Status.OK:
@@ -262,6 +263,8 @@ class Channel:
                 return decode(_split_batch(data), self._address.store)
             if what == "qsize":
                 return wire.COUNTS.unpack(data)
+            if what == "stats":
+                return QueueStats(*wire.STATS_COUNTS.unpack(data))
             return None
 
         if async_op:
@@ -282,44 +285,63 @@ class Channel:
 
     @overload
     def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", async_op: Literal[False] = False,
-            timeout: float | None = None) -> None: ...
+            timeout: float | None = None, *, version: int | None = None) -> None: ...
 
     @overload
     def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", *, async_op: Literal[True],
-            timeout: float | None = None) -> ChannelHandle: ...
+            timeout: float | None = None, version: int | None = None) -> ChannelHandle: ...
 
     @overload
     def put(self, item: Any, weight: SupportsFloat, queue_name: str, async_op: bool,
-            timeout: float | None = None) -> ChannelHandle | None: ...
+            timeout: float | None = None, *, version: int | None = None) -> ChannelHandle | None: ...
 
     def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", async_op: bool = False,
-            timeout: float | None = None) -> ChannelHandle | None:
-        """Append ``item`` with ``weight`` to the queue, waiting while it is full."""
-        weight, timeout = _weight(weight, "weight"), _timeout(timeout)
+            timeout: float | None = None, *, version: int | None = None) -> ChannelHandle | None:
+        """Append ``item`` with ``weight`` to the queue, waiting while it is full.
+
+        ``version`` (a whole number >= 0) tags the item, for getters that ask for a ``min_version``.
+        """
+        weight, timeout, version = _weight(weight, "weight"), _timeout(timeout), _version(version, "version")
         payload = encode(item, self._address.store)
-        return self._call(wire.PUT, "put", queue_name, weight, timeout, payload, async_op)  # type: ignore[no-any-return]
+        return self._call(wire.PUT, "put", queue_name, weight, timeout, payload,  # type: ignore[no-any-return]
+                          async_op, version)
 
-    def put_nowait(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default") -> None:
+    def put_nowait(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", *,
+                   version: int | None = None) -> None:
         """Append ``item`` at once; :class:`hwplace.ChannelFull` (a ``queue.Full``) when the queue is full."""
-        weight = _weight(weight, "weight")
-        self._call(wire.PUT_NOWAIT, "put_nowait", queue_name, weight, None, encode(item, self._address.store))
+        weight, version = _weight(weight, "weight"), _version(version, "version")
+        self._call(wire.PUT_NOWAIT, "put_nowait", queue_name, weight, None, encode(item, self._address.store),
+                   version=version)
 
-    def get(self, queue_name: str = "default", async_op: bool = False, timeout: float | None = None) -> Any:
-        """Take the queue's first item, waiting for one."""
-        return self._call(wire.GET, "get", queue_name, 0.0, _timeout(timeout), async_op=async_op)
+    def get(self, queue_name: str = "default", async_op: bool = False, timeout: float | None = None, *,
+            min_version: int | None = None) -> Any:
+        """Take the queue's first item, waiting for one.
 
-    def get_nowait(self, queue_name: str = "default") -> Any:
+        With ``min_version``, items tagged with an older version are discarded (and counted in :meth:`stats`)
+        instead of returned; untagged items are always returned.
+        """
+        return self._call(wire.GET, "get", queue_name, 0.0, _timeout(timeout), async_op=async_op,
+                          version=_version(min_version, "min_version"))
+
+    def get_nowait(self, queue_name: str = "default", *, min_version: int | None = None) -> Any:
         """Take the first item at once; :class:`hwplace.ChannelEmpty` (a ``queue.Empty``) when there is none."""
-        return self._call(wire.GET_NOWAIT, "get", queue_name)
+        return self._call(wire.GET_NOWAIT, "get", queue_name, version=_version(min_version, "min_version"))
 
     def get_batch(self, batch_weight: SupportsFloat, queue_name: str = "default", async_op: bool = False,
-                  timeout: float | None = None) -> Any:
+                  timeout: float | None = None, *, min_version: int | None = None) -> Any:
         """Take items in order (at least one) until their summed weight reaches ``batch_weight``, as a list.
 
-        Waits until the queue holds that much; on a timeout or a close it takes nothing. One round trip.
+        Waits until the queue holds that much; on a timeout or a close it takes nothing. One round trip. With
+        ``min_version``, items tagged older are discarded on the way, as :meth:`get` does.
         """
         weight, timeout = _weight(batch_weight, "batch_weight"), _timeout(timeout)
-        return self._call(wire.GET_BATCH, "get_batch", queue_name, weight, timeout, async_op=async_op)
+        return self._call(wire.GET_BATCH, "get_batch", queue_name, weight, timeout, async_op=async_op,
+                          version=_version(min_version, "min_version"))
+
+    def stats(self, queue_name: str = "default") -> QueueStats:
+        """What the queue has seen: ``puts`` (items that entered), ``gets`` (items handed out), ``stale``
+        (items discarded by a ``min_version``) and ``size`` (items in it now), as a :class:`hwplace.QueueStats`."""
+        return self._call(wire.STATS, "stats", queue_name)  # type: ignore[no-any-return]
 
     def qsize(self, queue_name: str = "default") -> int:
         """How many items the queue holds now."""
@@ -356,6 +378,14 @@ def _weight(value: Any, what: str) -> float:
     if not is_weight(value):
         raise ConfigError(what, "must be a finite number >= 0", value=value)
     return float(value)
+
+
+def _version(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < 2**63:
+        raise ConfigError(what, "must be None (no version) or a whole number >= 0", value=value)
+    return int(value)
 
 
 def _timeout(value: Any) -> float | None:
