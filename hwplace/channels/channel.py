@@ -383,7 +383,7 @@ def _weight(value: Any, what: str) -> float:
 def _version(value: Any, what: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < 2**63:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < 2**63:
         raise ConfigError(what, "must be None (no version) or a whole number >= 0", value=value)
     return int(value)
 
