@@ -22,6 +22,7 @@ from hwplace.contracts.executor import Executor, Handle
 from hwplace.contracts.hardware import Device, HardwareBackend, NoDevices
 from hwplace.contracts.records import Node, Placement
 from hwplace.foundation.errors import (
+    CallCancelled,
     ChannelClosed,
     ChannelEmpty,
     ChannelFull,
@@ -50,6 +51,7 @@ hookimpl = pluggy.HookimplMarker("hwplace")
 """Marks a function of a hwplace plugin as a hook implementation."""
 
 __all__ = [
+    "CallCancelled",
     "Channel",
     "ChannelClosed",
     "ChannelEmpty",
