@@ -125,6 +125,15 @@ class ObjectStore:
 
 
 @dataclass(frozen=True)
+class TurnAddress:
+    """Where a node's turn arbiter (a :class:`hwplace.executor.TurnServer`) listens, and its token."""
+
+    host: str
+    port: int
+    token: str
+
+
+@dataclass(frozen=True)
 class ChannelAddress:
     """Where a channel's host serves (a :class:`ChannelServer`) and how to reach it; it pickles.
 
@@ -178,6 +187,12 @@ class Executor:
     def connect_channel(self, name: str) -> ChannelAddress:
         """The address of the channel called ``name``; ``ConfigError`` naming the channels there are if none."""
         raise NotImplementedError(f"{type(self).__name__}.connect_channel")
+
+    def turn_arbiter(self, placement: Placement) -> TurnAddress | None:
+        """In a worker process: the turn arbiter of the worker's node, or ``None`` when there is none (no group
+        shares an accelerator there; ``turn()`` then costs nothing). An executor that starts groups whose
+        placements share accelerators with other groups runs a :class:`TurnServer` on each such node."""
+        return None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
