@@ -77,7 +77,7 @@ def test_plan_json_is_complete() -> None:
         "rank": 15, "node_id": "fake-node-1", "node_rank": 1, "local_accelerator_id": 7, "local_rank": 15,
         "local_world_size": 16, "visible_accelerators": [7], "isolate_accelerator": True,
         "local_hardware_ranks": [7], "hardware_type": "fake-accelerator", "node_group": "gpu", "env": None,
-        "group_env": {"GLOO_SOCKET_IFNAME": "lo"}, "python_interpreter_path": None}
+        "group_env": {"GLOO_SOCKET_IFNAME": "lo"}, "python_interpreter_path": None, "shares": []}
     assert plan["nodes"][1]["hardware"] == {"fake-accelerator": 8, "fake-robot": 1, "node": 1}
 
 
