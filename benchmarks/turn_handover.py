@@ -13,6 +13,7 @@ Run: python benchmarks/turn_handover.py [--turns 300] [--hold 0.002]
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import time
@@ -58,8 +59,8 @@ def main() -> None:
         runs = trainer.take(args.turns, args.hold), rollout.take(args.turns, args.hold)
         events = sorted([(entered, left, "trainer") for entered, left in runs[0].wait()[0]]
                         + [(entered, left, "rollout") for entered, left in runs[1].wait()[0]])
-        overlaps = sum(1 for a, b in zip(events, events[1:]) if b[0] < a[1])
-        handovers = [(b[0] - a[1]) * 1000 for a, b in zip(events, events[1:]) if a[2] != b[2]]
+        overlaps = sum(1 for a, b in itertools.pairwise(events) if b[0] < a[1])
+        handovers = [(b[0] - a[1]) * 1000 for a, b in itertools.pairwise(events) if a[2] != b[2]]
         pings = []
         for _ in range(200):
             start = time.perf_counter()

@@ -57,6 +57,7 @@ class Turns:
         self._entering = False
         self._connection: _Connection | None = None
         self._held_remotely = False
+        self._offloaded = False  # offload() ran and no onload() since: the worker's state is out
 
     def _arbiter(self) -> _Connection | None:
         if self._connection is None and self._units:
@@ -90,7 +91,9 @@ class Turns:
         with self._changed:
             self._depth = 1
         hook = getattr(self._worker, "onload", None)
-        if onload and callable(hook):
+        # onload() undoes offload(): a worker that defines offload() is onloaded only after it offloaded
+        if onload and callable(hook) and (self._offloaded or not callable(getattr(self._worker, "offload", None))):
+            self._offloaded = False
             try:
                 hook()
             except BaseException:
@@ -124,6 +127,7 @@ class Turns:
         try:
             if connection.ask({"op": "release", "hooks": callable(hook)})["offload"]:
                 try:
+                    self._offloaded = True
                     hook()  # type: ignore[misc]
                 finally:
                     connection.ask({"op": "released"})

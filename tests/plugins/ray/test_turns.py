@@ -123,20 +123,24 @@ def test_turns_of_two_groups_on_one_accelerator_never_overlap(groups: dict[str, 
     for accelerator in ("acc0", "acc1"):
         split = runs(drain(log, accelerator))
         assert {group for group, _ in split} == {"turns-trainer", "turns-rollout"}
-        for index, (_, events) in enumerate(split):
+        offloaded = {"turns-trainer": False, "turns-rollout": False}
+        for index, (group, events) in enumerate(split):
             body = [e for e in events if e not in ("onload", "offload")]
             assert body == ["enter", "leave"] * (len(body) // 2), f"turns overlap on {accelerator}: {split}"
-            # onload only after another group's turn; offload only when another group takes over
-            assert (events[0] == "onload") == (index > 0), split
+            # onload exactly when the worker comes back after it offloaded; offload only when another group
+            # takes over (never at the end, when nobody waits)
+            assert (events[0] == "onload") == offloaded[group], split
             assert events.count("onload") <= 1
-            if events[-1] == "offload":
-                assert index < len(split) - 1, split
             assert events.count("offload") <= 1
+            offloaded[group] = events[-1] == "offload"
+            if offloaded[group]:
+                assert index < len(split) - 1, split
 
 
 def test_a_waiting_group_goes_first_and_hooks_run_only_for_a_handover(groups: dict[str, hwplace.WorkerGroup],
                                                                       log: hwplace.Channel) -> None:
     trainer, rollout = groups["trainer"].execute_on(0), groups["rollout"].execute_on(0)
+    assert rollout.turns(1, 0).wait(timeout=60) == [1]  # one turn each, with nobody waiting: both onloaded
     assert trainer.turns(1, 0).wait(timeout=60) == [1]
     drain(log, "acc0")
     holding = trainer.hold_until_told()
@@ -151,7 +155,7 @@ def test_a_waiting_group_goes_first_and_hooks_run_only_for_a_handover(groups: di
     assert [e for e in events if e != ("offload", "turns-rollout")] == [
         ("enter", "turns-trainer"), ("leave", "turns-trainer"),  # the trainer's turn again: no onload
         ("offload", "turns-trainer"),  # left while the rollout waits
-        ("onload", "turns-rollout"), ("enter", "turns-rollout"), ("leave", "turns-rollout"),  # the rollout asked
+        ("enter", "turns-rollout"), ("leave", "turns-rollout"),  # the rollout asked first (it was onloaded)
         ("onload", "turns-trainer"), ("enter", "turns-trainer"), ("leave", "turns-trainer"),  # before the trainer
     ]
 
