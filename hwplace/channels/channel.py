@@ -15,7 +15,7 @@ import re
 import struct
 import threading
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, Literal, SupportsFloat, overload
+from typing import Any, Literal, SupportsFloat, SupportsIndex, overload
 
 from hwplace.channels import wire
 from hwplace.channels.balance import is_weight
@@ -285,18 +285,18 @@ class Channel:
 
     @overload
     def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", async_op: Literal[False] = False,
-            timeout: float | None = None, *, version: int | None = None) -> None: ...
+            timeout: float | None = None, *, version: SupportsIndex | None = None) -> None: ...
 
     @overload
     def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", *, async_op: Literal[True],
-            timeout: float | None = None, version: int | None = None) -> ChannelHandle: ...
+            timeout: float | None = None, version: SupportsIndex | None = None) -> ChannelHandle: ...
 
     @overload
     def put(self, item: Any, weight: SupportsFloat, queue_name: str, async_op: bool,
-            timeout: float | None = None, *, version: int | None = None) -> ChannelHandle | None: ...
+            timeout: float | None = None, *, version: SupportsIndex | None = None) -> ChannelHandle | None: ...
 
     def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", async_op: bool = False,
-            timeout: float | None = None, *, version: int | None = None) -> ChannelHandle | None:
+            timeout: float | None = None, *, version: SupportsIndex | None = None) -> ChannelHandle | None:
         """Append ``item`` with ``weight`` to the queue, waiting while it is full.
 
         ``version`` (a whole number >= 0) tags the item, for getters that ask for a ``min_version``.
@@ -307,14 +307,14 @@ class Channel:
                           async_op, version)
 
     def put_nowait(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", *,
-                   version: int | None = None) -> None:
+                   version: SupportsIndex | None = None) -> None:
         """Append ``item`` at once; :class:`hwplace.ChannelFull` (a ``queue.Full``) when the queue is full."""
         weight, version = _weight(weight, "weight"), _version(version, "version")
         self._call(wire.PUT_NOWAIT, "put_nowait", queue_name, weight, None, encode(item, self._address.store),
                    version=version)
 
     def get(self, queue_name: str = "default", async_op: bool = False, timeout: float | None = None, *,
-            min_version: int | None = None) -> Any:
+            min_version: SupportsIndex | None = None) -> Any:
         """Take the queue's first item, waiting for one.
 
         With ``min_version``, items tagged with an older version are discarded (and counted in :meth:`stats`)
@@ -323,12 +323,12 @@ class Channel:
         return self._call(wire.GET, "get", queue_name, 0.0, _timeout(timeout), async_op=async_op,
                           version=_version(min_version, "min_version"))
 
-    def get_nowait(self, queue_name: str = "default", *, min_version: int | None = None) -> Any:
+    def get_nowait(self, queue_name: str = "default", *, min_version: SupportsIndex | None = None) -> Any:
         """Take the first item at once; :class:`hwplace.ChannelEmpty` (a ``queue.Empty``) when there is none."""
         return self._call(wire.GET_NOWAIT, "get", queue_name, version=_version(min_version, "min_version"))
 
     def get_batch(self, batch_weight: SupportsFloat, queue_name: str = "default", async_op: bool = False,
-                  timeout: float | None = None, *, min_version: int | None = None) -> Any:
+                  timeout: float | None = None, *, min_version: SupportsIndex | None = None) -> Any:
         """Take items in order (at least one) until their summed weight reaches ``batch_weight``, as a list.
 
         Waits until the queue holds that much; on a timeout or a close it takes nothing. One round trip. With
