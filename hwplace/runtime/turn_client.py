@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from hwplace.contracts.executor import TurnAddress
-from hwplace.foundation.errors import HwplaceError, WorkerError
+from hwplace.foundation.errors import ConfigError, WorkerError
 from hwplace.planning.sharing import accelerator_units
 from hwplace.plugin.current import current_executor
 
@@ -145,8 +145,8 @@ class Turn:
     def __init__(self, turns: Turns, timeout: float | None) -> None:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
                                     or not 0 <= timeout < float("inf")):
-            raise HwplaceError(f"turn(timeout={timeout!r}): the timeout is None (wait as long as it takes) or a "
-                               "finite number of seconds >= 0")
+            raise ConfigError("timeout", "must be None (wait as long as it takes) or a finite number of seconds >= 0",
+                              value=timeout)
         self._turns = turns
         self._timeout = timeout
 

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+import hwplace
+from hwplace.runtime.turn_client import Turn
 from hwplace.runtime.turns import TurnTable
 
 A0, A1 = ("fake-accelerator", 0), ("fake-accelerator", 1)
@@ -102,3 +104,9 @@ def test_holding_twice_is_refused() -> None:
     table.acquire("t0", "trainer", [A0], log.reply("t0"), "trainer rank 0")
     with pytest.raises(ValueError, match="trainer rank 0 already holds a turn"):
         table.acquire("t0", "trainer", [A0], log.reply("t0"), "trainer rank 0")
+
+
+@pytest.mark.parametrize("timeout", [-1, float("inf"), "5", True])
+def test_a_turn_refuses_a_bad_timeout(timeout: Any) -> None:
+    with pytest.raises(hwplace.ConfigError, match=r"^timeout: must be None \(wait as long as it takes\)"):
+        Turn(None, timeout)  # type: ignore[arg-type]
