@@ -14,6 +14,7 @@ from hwplace import testing
 from hwplace.application.job import Job, run_job
 from hwplace.channels.balance import balanced_split, imbalance
 from hwplace.channels.channel import Channel, ChannelHandle
+from hwplace.channels.queues import QueueStats
 from hwplace.config.loading import load_config
 from hwplace.config.records import ClusterConfig, NodeGroup
 from hwplace.config.section import parse_cluster_config
@@ -21,6 +22,7 @@ from hwplace.contracts.executor import Executor, Handle
 from hwplace.contracts.hardware import Device, HardwareBackend, NoDevices
 from hwplace.contracts.records import Node, Placement
 from hwplace.foundation.errors import (
+    CallCancelled,
     ChannelClosed,
     ChannelEmpty,
     ChannelFull,
@@ -49,6 +51,7 @@ hookimpl = pluggy.HookimplMarker("hwplace")
 """Marks a function of a hwplace plugin as a hook implementation."""
 
 __all__ = [
+    "CallCancelled",
     "Channel",
     "ChannelClosed",
     "ChannelEmpty",
@@ -77,6 +80,7 @@ __all__ = [
     "PlacementStrategy",
     "PluginError",
     "PluginManager",
+    "QueueStats",
     "Worker",
     "WorkerError",
     "WorkerGroup",

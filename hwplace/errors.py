@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from hwplace.foundation.errors import (
+    CallCancelled,
     ChannelClosed,
     ChannelEmpty,
     ChannelFull,
@@ -17,6 +18,7 @@ from hwplace.foundation.errors import (
 )
 
 __all__ = [
+    "CallCancelled",
     "ChannelClosed",
     "ChannelEmpty",
     "ChannelFull",

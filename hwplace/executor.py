@@ -16,14 +16,17 @@ from hwplace.contracts.executor import (
     GroupRuntime,
     Handle,
     ObjectStore,
+    TurnAddress,
     WorkerSpec,
     check_executor,
 )
 from hwplace.contracts.records import WorkerContext
 from hwplace.inventory.detection import detect_here
+from hwplace.planning.sharing import Share, shared_accelerators
 from hwplace.plugin.current import current_executor, set_current_executor
 from hwplace.plugin.detection import detect_timeout
 from hwplace.runtime.hosting import RemoteFailure, run_method, run_method_async, start_worker
+from hwplace.runtime.turns import TurnServer
 
 __all__ = [
     "ChannelAddress",
@@ -34,6 +37,9 @@ __all__ = [
     "Handle",
     "ObjectStore",
     "RemoteFailure",
+    "Share",
+    "TurnAddress",
+    "TurnServer",
     "WorkerContext",
     "WorkerSpec",
     "check_executor",
@@ -43,5 +49,6 @@ __all__ = [
     "run_method",
     "run_method_async",
     "set_current_executor",
+    "shared_accelerators",
     "start_worker",
 ]

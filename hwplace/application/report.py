@@ -12,6 +12,7 @@ from typing import Any, TextIO
 from hwplace.contracts.records import Placement
 from hwplace.foundation.wording import plural
 from hwplace.planning.component import ComponentPlacement
+from hwplace.planning.sharing import shared_accelerators
 
 
 def _hardware_cell(placement: Placement) -> str:
@@ -35,7 +36,9 @@ def group_settings(plan: ComponentPlacement, placement: Placement) -> tuple[dict
 
 
 def print_plan(plan: ComponentPlacement, out: TextIO) -> None:
-    """One table per component: rank, node, local rank, hardware, isolation env, group settings."""
+    """One table per component: rank, node, local rank, hardware, isolation env, group settings; then the
+    accelerators it shares with other components (they take turns: ``Worker.turn``)."""
+    shares = shared_accelerators({name: plan.get_placements(name) for name in plan.components})
     for name in plan.components:
         spec = plan.spec(name)
         placements = plan.get_placements(name)
@@ -52,13 +55,19 @@ def print_plan(plan: ComponentPlacement, out: TextIO) -> None:
                    _hardware_cell(p), _env_cell(p.env)]
             rows.append(row + [_env_cell(env)] * show_env + [python or "-"] * show_python)
         table(rows, out)
+        for p in placements:
+            for share in shares.get((name, p.rank), ()):
+                out.write(f"  rank {p.rank} {share}\n")
         out.write("\n")
 
 
 def plan_json(plan: ComponentPlacement) -> dict[str, Any]:
-    def placement(p: Placement) -> dict[str, Any]:
+    shares = shared_accelerators({name: plan.get_placements(name) for name in plan.components})
+
+    def placement(p: Placement, name: str) -> dict[str, Any]:
         env, python = group_settings(plan, p)
-        return {**dataclasses.asdict(p), "group_env": env, "python_interpreter_path": python}
+        shared = [dataclasses.asdict(share) for share in shares.get((name, p.rank), ())]
+        return {**dataclasses.asdict(p), "group_env": env, "python_interpreter_path": python, "shares": shared}
 
     return {
         "nodes": [{"rank": n.rank, "node_id": n.node_id, "address": n.address,
@@ -68,7 +77,7 @@ def plan_json(plan: ComponentPlacement) -> dict[str, Any]:
                 "node_groups": list(plan.spec(name).node_groups),
                 "placement": plan.spec(name).placement,
                 "world_size": plan.get_world_size(name),
-                "placements": [placement(p) for p in plan.get_placements(name)],
+                "placements": [placement(p, name) for p in plan.get_placements(name)],
             }
             for name in plan.components
         },

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import os
 import pickle
-import re
 import struct
 import threading
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, Literal, SupportsFloat, overload
+from typing import Any, Literal, SupportsFloat, SupportsIndex, overload
 
 from hwplace.channels import wire
-from hwplace.channels.balance import is_weight
-from hwplace.channels.queues import Status
+from hwplace.channels.arguments import check_name, queue_bytes, timeout_of, version_of, weight_of
+from hwplace.channels.queues import QueueStats, Status
 from hwplace.channels.wire import Reply
 from hwplace.contracts.executor import ChannelAddress, ObjectStore
 from hwplace.foundation.errors import (
@@ -29,11 +28,8 @@ from hwplace.foundation.errors import (
     ConfigError,
     HwplaceError,
 )
-from hwplace.foundation.wording import safe_repr
 from hwplace.plugin.current import current_executor
 
-CHANNEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
-QUEUE_NAME_BYTES = 1024
 MAX_MAXSIZE = (1 << 63) - 1
 """The largest bound a queue may have: the wire carries it as an unsigned 64-bit number."""
 INLINE_LIMIT = 1 << 20
@@ -145,7 +141,7 @@ class ChannelHandle:
         return self._reply.done()
 
     def wait(self, timeout: float | None = None) -> Any:
-        timeout = _timeout(timeout)  # a negative or NaN timeout would wait forever, or raise a bare ValueError
+        timeout = timeout_of(timeout)  # a negative or NaN timeout would wait forever, or raise a bare ValueError
         self._flush()
         try:
             self._reply.result(timeout)
@@ -224,7 +220,7 @@ class Channel:
         Its host runs on the node of worker ``group_rank_affinity`` (default 0) of group ``group_affinity``,
         or on this process's node. A name in use is a :class:`hwplace.ConfigError`.
         """
-        _check_name(name)
+        check_name(name)
         if isinstance(maxsize, bool) or not isinstance(maxsize, int) or not 0 <= maxsize <= MAX_MAXSIZE:
             raise ConfigError("maxsize", f"must be a whole number from 0 (unbounded) to {MAX_MAXSIZE:,}",
                               value=maxsize)
@@ -241,7 +237,7 @@ class Channel:
     @classmethod
     def connect(cls, name: str) -> Channel:
         """The existing channel called ``name``; :class:`hwplace.ConfigError` naming those there are if none."""
-        _check_name(name)
+        check_name(name)
         return cls(current_executor().connect_channel(name))
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -252,10 +248,11 @@ class Channel:
         return f"<Channel {self.name!r} on {self.where}{bound}>"
 
     def _call(self, op: int, what: str, queue_name: str, number: float = 0.0, timeout: float | None = None,
-              payload: bytes = b"", async_op: bool = False) -> Any:
+              payload: bytes = b"", async_op: bool = False, version: int | None = None) -> Any:
         """Send one request; its result, or (``async_op``) a handle on it."""
         connection = _connection(self._address)
-        reply = connection.request(op, number, timeout, _queue(queue_name), payload, defer=async_op)
+        reply = connection.request(op, number, timeout, queue_bytes(queue_name), payload, defer=async_op,
+                                   version=version)
 
         def finish(status: int, data: bytearray) -> Any:
             if status != Status.OK:
@@ -266,6 +263,8 @@ class Channel:
                 return decode(_split_batch(data), self._address.store)
             if what == "qsize":
                 return wire.COUNTS.unpack(data)
+            if what == "stats":
+                return QueueStats(*wire.STATS_COUNTS.unpack(data))
             return None
 
         if async_op:
@@ -286,44 +285,63 @@ class Channel:
 
     @overload
     def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", async_op: Literal[False] = False,
-            timeout: float | None = None) -> None: ...
+            timeout: float | None = None, *, version: SupportsIndex | None = None) -> None: ...
 
     @overload
     def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", *, async_op: Literal[True],
-            timeout: float | None = None) -> ChannelHandle: ...
+            timeout: float | None = None, version: SupportsIndex | None = None) -> ChannelHandle: ...
 
     @overload
     def put(self, item: Any, weight: SupportsFloat, queue_name: str, async_op: bool,
-            timeout: float | None = None) -> ChannelHandle | None: ...
+            timeout: float | None = None, *, version: SupportsIndex | None = None) -> ChannelHandle | None: ...
 
     def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", async_op: bool = False,
-            timeout: float | None = None) -> ChannelHandle | None:
-        """Append ``item`` with ``weight`` to the queue, waiting while it is full."""
-        weight, timeout = _weight(weight, "weight"), _timeout(timeout)
+            timeout: float | None = None, *, version: SupportsIndex | None = None) -> ChannelHandle | None:
+        """Append ``item`` with ``weight`` to the queue, waiting while it is full.
+
+        ``version`` (a whole number >= 0) tags the item, for getters that ask for a ``min_version``.
+        """
+        weight, timeout, version = weight_of(weight, "weight"), timeout_of(timeout), version_of(version, "version")
         payload = encode(item, self._address.store)
-        return self._call(wire.PUT, "put", queue_name, weight, timeout, payload, async_op)  # type: ignore[no-any-return]
+        return self._call(wire.PUT, "put", queue_name, weight, timeout, payload,  # type: ignore[no-any-return]
+                          async_op, version)
 
-    def put_nowait(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default") -> None:
+    def put_nowait(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", *,
+                   version: SupportsIndex | None = None) -> None:
         """Append ``item`` at once; :class:`hwplace.ChannelFull` (a ``queue.Full``) when the queue is full."""
-        weight = _weight(weight, "weight")
-        self._call(wire.PUT_NOWAIT, "put_nowait", queue_name, weight, None, encode(item, self._address.store))
+        weight, version = weight_of(weight, "weight"), version_of(version, "version")
+        self._call(wire.PUT_NOWAIT, "put_nowait", queue_name, weight, None, encode(item, self._address.store),
+                   version=version)
 
-    def get(self, queue_name: str = "default", async_op: bool = False, timeout: float | None = None) -> Any:
-        """Take the queue's first item, waiting for one."""
-        return self._call(wire.GET, "get", queue_name, 0.0, _timeout(timeout), async_op=async_op)
+    def get(self, queue_name: str = "default", async_op: bool = False, timeout: float | None = None, *,
+            min_version: SupportsIndex | None = None) -> Any:
+        """Take the queue's first item, waiting for one.
 
-    def get_nowait(self, queue_name: str = "default") -> Any:
+        With ``min_version``, items tagged with an older version are discarded (and counted in :meth:`stats`)
+        instead of returned; untagged items are always returned.
+        """
+        return self._call(wire.GET, "get", queue_name, 0.0, timeout_of(timeout), async_op=async_op,
+                          version=version_of(min_version, "min_version"))
+
+    def get_nowait(self, queue_name: str = "default", *, min_version: SupportsIndex | None = None) -> Any:
         """Take the first item at once; :class:`hwplace.ChannelEmpty` (a ``queue.Empty``) when there is none."""
-        return self._call(wire.GET_NOWAIT, "get", queue_name)
+        return self._call(wire.GET_NOWAIT, "get", queue_name, version=version_of(min_version, "min_version"))
 
     def get_batch(self, batch_weight: SupportsFloat, queue_name: str = "default", async_op: bool = False,
-                  timeout: float | None = None) -> Any:
+                  timeout: float | None = None, *, min_version: SupportsIndex | None = None) -> Any:
         """Take items in order (at least one) until their summed weight reaches ``batch_weight``, as a list.
 
-        Waits until the queue holds that much; on a timeout or a close it takes nothing. One round trip.
+        Waits until the queue holds that much; on a timeout or a close it takes nothing. One round trip. With
+        ``min_version``, items tagged older are discarded on the way, as :meth:`get` does.
         """
-        weight, timeout = _weight(batch_weight, "batch_weight"), _timeout(timeout)
-        return self._call(wire.GET_BATCH, "get_batch", queue_name, weight, timeout, async_op=async_op)
+        weight, timeout = weight_of(batch_weight, "batch_weight"), timeout_of(timeout)
+        return self._call(wire.GET_BATCH, "get_batch", queue_name, weight, timeout, async_op=async_op,
+                          version=version_of(min_version, "min_version"))
+
+    def stats(self, queue_name: str = "default") -> QueueStats:
+        """What the queue has seen: ``puts`` (items that entered), ``gets`` (items handed out), ``stale``
+        (items discarded by a ``min_version``) and ``size`` (items in it now), as a :class:`hwplace.QueueStats`."""
+        return self._call(wire.STATS, "stats", queue_name)  # type: ignore[no-any-return]
 
     def qsize(self, queue_name: str = "default") -> int:
         """How many items the queue holds now."""
@@ -339,33 +357,3 @@ class Channel:
     def close(self) -> None:
         """Close the channel: every waiting and later operation, in any process, raises ``ChannelClosed``."""
         self._call(wire.CLOSE, "close", "default")
-
-
-def _check_name(name: Any) -> None:
-    if not isinstance(name, str) or not CHANNEL_NAME.match(name):
-        raise ConfigError("channel name", f"{safe_repr(name)} is not a usable channel name",
-                          allowed="1 to 100 letters, digits, '_', '.' and '-', starting with a letter or digit")
-
-
-def _queue(name: Any) -> bytes:
-    if not isinstance(name, str) or not name:
-        raise ConfigError("queue_name", "must be a non-empty string", value=name)
-    encoded = name.encode()
-    if len(encoded) > QUEUE_NAME_BYTES:
-        raise ConfigError("queue_name", f"is {len(encoded)} bytes long", allowed=f"at most {QUEUE_NAME_BYTES}")
-    return encoded
-
-
-def _weight(value: Any, what: str) -> float:
-    if not is_weight(value):
-        raise ConfigError(what, "must be a finite number >= 0", value=value)
-    return float(value)
-
-
-def _timeout(value: Any) -> float | None:
-    if value is None:
-        return None
-    if not is_weight(value):
-        raise ConfigError("timeout", "must be None (wait as long as it takes) or a finite number of seconds >= 0",
-                          value=value)
-    return float(value)

@@ -11,6 +11,11 @@ back to its caller when the ticket resolves. Rules, per queue:
 - ``close`` resolves every waiter with ``CLOSED``, and every later request too;
 - a queue that holds nothing and has nobody waiting is forgotten: memory per queue name lasts only while the
   queue is in use.
+- versions: a ``put`` may tag its item with a version (an int); a ``get`` or ``get_batch`` with a
+  ``min_version`` never takes an item tagged older than that: when such an item reaches the head of the queue
+  for it, the item is discarded and counted as stale (``on_stale(item)`` is told). Untagged items are never
+  skipped. :meth:`WeightedQueues.stats` counts, per queue, the items that entered, those handed out, and the
+  stale ones discarded.
 """
 
 from __future__ import annotations
@@ -32,6 +37,18 @@ class Status(enum.IntEnum):
     CLOSED = 4
 
 
+@dataclass(frozen=True)
+class QueueStats:
+    """What one queue has seen: items that entered (``puts``), items handed out (``gets``), stale items
+    discarded by a ``min_version`` (``stale``), and the items it holds now (``size``)."""
+
+    puts: int = 0
+    gets: int = 0
+    stale: int = 0
+    size: int = 0
+
+
+Entry = tuple[Any, float, "int | None"]  # an item, its weight and its version (None: untagged)
 Reply = Callable[[Status, Any], None]
 
 
@@ -44,7 +61,8 @@ class Ticket:
     target: float | None = None  # get_batch: the weight to reach; None for get and put
     item: Any = None  # put: the item waiting to enter
     weight: float = 0.0
-    taken: list[tuple[Any, float]] = field(default_factory=list)  # get_batch: what it holds so far
+    version: int | None = None  # put: the item's version; get and get_batch: the least version they take
+    taken: list[Entry] = field(default_factory=list)  # get_batch: what it holds so far
     gathered: float = 0.0  # get_batch: the summed weight of ``taken``
     done: bool = False
 
@@ -55,7 +73,7 @@ class Ticket:
 
 @dataclass
 class _Queue:
-    items: deque[tuple[Any, float]] = field(default_factory=deque)
+    items: deque[Entry] = field(default_factory=deque)
     getters: deque[Ticket] = field(default_factory=deque)
     putters: deque[Ticket] = field(default_factory=deque)
 
@@ -68,10 +86,12 @@ class WeightedQueues:
     :meth:`cancel` ends it with ``TIMEOUT``). A ``get`` replies with the item, a ``get_batch`` with a list.
     """
 
-    def __init__(self, maxsize: int = 0) -> None:
+    def __init__(self, maxsize: int = 0, on_stale: Callable[[Any], None] | None = None) -> None:
         self.maxsize = maxsize
         self.closed = False
         self._queues: dict[str, _Queue] = {}
+        self._on_stale = on_stale
+        self._counts: dict[str, list[int]] = {}  # per queue: puts, gets, stale
 
     def _queue(self, name: str) -> _Queue:
         queue = self._queues.get(name)
@@ -86,7 +106,14 @@ class WeightedQueues:
     def _has_room(self, queue: _Queue) -> bool:
         return not self.maxsize or len(queue.items) < self.maxsize
 
-    def put(self, name: str, item: Any, weight: float, reply: Reply, *, block: bool = True) -> Ticket | None:
+    def _count(self, name: str, which: int, n: int = 1) -> None:
+        counts = self._counts.get(name)
+        if counts is None:
+            counts = self._counts[name] = [0, 0, 0]
+        counts[which] += n
+
+    def put(self, name: str, item: Any, weight: float, reply: Reply, *, block: bool = True,
+            version: int | None = None) -> Ticket | None:
         if self.closed:
             reply(Status.CLOSED, None)
             return None
@@ -95,31 +122,40 @@ class WeightedQueues:
             if not block:
                 reply(Status.FULL, None)
                 return None
-            ticket = Ticket(name, reply, item=item, weight=weight)
+            ticket = Ticket(name, reply, item=item, weight=weight, version=version)
             queue.putters.append(ticket)
             return ticket
-        queue.items.append((item, weight))
+        queue.items.append((item, weight, version))
+        self._count(name, 0)
         reply(Status.OK, None)
         self._settle(queue)
         self._forget_if_idle(name, queue)
         return None
 
-    def get(self, name: str, reply: Reply, *, block: bool = True) -> Ticket | None:
-        return self._take(name, reply, None, block)
+    def get(self, name: str, reply: Reply, *, block: bool = True, min_version: int | None = None) -> Ticket | None:
+        return self._take(name, reply, None, block, min_version)
 
-    def get_batch(self, name: str, target: float, reply: Reply) -> Ticket | None:
-        return self._take(name, reply, target, True)
+    def get_batch(self, name: str, target: float, reply: Reply, *, min_version: int | None = None) -> Ticket | None:
+        return self._take(name, reply, target, True, min_version)
 
-    def _take(self, name: str, reply: Reply, target: float | None, block: bool) -> Ticket | None:
+    def _take(self, name: str, reply: Reply, target: float | None, block: bool,
+              min_version: int | None) -> Ticket | None:
         if self.closed:
             reply(Status.CLOSED, None)
             return None
         queue = self._queues.get(name)
-        if (queue is None or not queue.items) and not block:
-            reply(Status.EMPTY, None)
-            return None
+        if not block:  # a get_nowait that finds nothing leaves no queue behind
+            if queue is not None and not queue.getters:  # nobody waits ahead: what is stale at the head goes now
+                while queue.items and _stale(queue.items[0][2], min_version):
+                    self._stale(name, queue.items.popleft()[0])
+                    self._settle(queue)  # the room made lets waiting puts in
+            if queue is None or not queue.items:
+                reply(Status.EMPTY, None)
+                if queue is not None:
+                    self._forget_if_idle(name, queue)
+                return None
         queue = self._queue(name)
-        ticket = Ticket(name, reply, target=target)
+        ticket = Ticket(name, reply, target=target, version=min_version)
         queue.getters.append(ticket)
         self._settle(queue)
         self._forget_if_idle(name, queue)
@@ -130,22 +166,34 @@ class WeightedQueues:
         while True:
             while queue.getters and queue.items:
                 getter = queue.getters[0]
-                item, weight = queue.items.popleft()
+                entry = queue.items.popleft()
+                item, weight, version = entry
+                if _stale(version, getter.version):
+                    self._stale(getter.queue, item)
+                    continue
                 if getter.target is None:
                     queue.getters.popleft()
+                    self._count(getter.queue, 1)
                     getter.resolve(Status.OK, item)
                     continue
-                getter.taken.append((item, weight))
+                getter.taken.append(entry)
                 getter.gathered += weight
                 if getter.gathered >= getter.target:
                     queue.getters.popleft()
-                    getter.resolve(Status.OK, [item for item, _ in getter.taken])
+                    self._count(getter.queue, 1, len(getter.taken))
+                    getter.resolve(Status.OK, [item for item, _, _ in getter.taken])
             if not (queue.putters and self._has_room(queue)):
                 return
             while queue.putters and self._has_room(queue):
                 putter = queue.putters.popleft()
-                queue.items.append((putter.item, putter.weight))
+                queue.items.append((putter.item, putter.weight, putter.version))
+                self._count(putter.queue, 0)
                 putter.resolve(Status.OK)
+
+    def _stale(self, name: str, item: Any) -> None:
+        self._count(name, 2)
+        if self._on_stale is not None:
+            self._on_stale(item)
 
     def cancel(self, ticket: Ticket) -> None:
         """End a waiting request with ``TIMEOUT``; one that has already ended is left alone.
@@ -170,8 +218,8 @@ class WeightedQueues:
         self.closed = True
         dropped: list[Any] = []
         for queue in self._queues.values():
-            dropped.extend(item for item, _ in queue.items)
-            dropped.extend(item for ticket in queue.getters for item, _ in ticket.taken)
+            dropped.extend(item for item, _, _ in queue.items)
+            dropped.extend(item for ticket in queue.getters for item, _, _ in ticket.taken)
             dropped.extend(ticket.item for ticket in queue.putters)
             for ticket in (*queue.getters, *queue.putters):
                 ticket.resolve(Status.CLOSED)
@@ -189,3 +237,13 @@ class WeightedQueues:
 
     def full(self, name: str) -> bool:
         return bool(self.maxsize) and self.qsize(name) >= self.maxsize
+
+    def stats(self, name: str) -> QueueStats:
+        """What queue ``name`` has seen since the channel began: puts, gets, stale discards, and its size now."""
+        puts, gets, stale = self._counts.get(name, (0, 0, 0))
+        return QueueStats(puts, gets, stale, self.qsize(name))
+
+
+def _stale(version: int | None, min_version: int | None) -> bool:
+    """Whether an item of ``version`` is too old for a getter that takes ``min_version`` or newer."""
+    return version is not None and min_version is not None and version < min_version

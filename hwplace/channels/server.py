@@ -31,6 +31,8 @@ from hwplace.channels.wire import (
     QSIZE,
     REPLY,
     REQUEST,
+    STATS,
+    STATS_COUNTS,
     TOKEN_SIZE,
     reference_key,
 )
@@ -44,9 +46,9 @@ class ChannelServer:
     """
 
     def __init__(self, maxsize: int, on_drop: Callable[[bytes], None] | None = None) -> None:
-        self.queues = WeightedQueues(maxsize)
-        self.token = os.urandom(TOKEN_SIZE)
         self._on_drop = on_drop
+        self.queues = WeightedQueues(maxsize, on_stale=lambda payload: self.drop([payload]))
+        self.token = os.urandom(TOKEN_SIZE)
         self._dirty: set[_Connection] = set()
         self._flush_scheduled = False
         self._server: asyncio.Server | None = None
@@ -136,7 +138,8 @@ class _Connection(asyncio.Protocol):
             self.transport = None
 
     def _request(self, view: memoryview, start: int, end: int) -> None:
-        _, op, rid, number, timeout, name_length = REQUEST.unpack_from(view, start)
+        _, op, rid, number, timeout, version, name_length = REQUEST.unpack_from(view, start)
+        tag = None if version < 0 else version
         name_end = start + REQUEST.size + name_length
         payload = bytes(view[name_end:end])
         if not self.greeted:
@@ -160,16 +163,22 @@ class _Connection(asyncio.Protocol):
             self.reply(rid, status, value)
 
         if op in (PUT, PUT_NOWAIT):
-            self._wait(queues.put(queue, payload, number, answer, block=op == PUT), timeout)
+            self._wait(queues.put(queue, payload, number, answer, block=op == PUT, version=tag), timeout)
         elif op in (GET, GET_NOWAIT):
-            self._wait(queues.get(queue, answer, block=op == GET), timeout)
+            self._wait(queues.get(queue, answer, block=op == GET, min_version=tag), timeout)
         elif op == GET_BATCH:
-            self._wait(queues.get_batch(queue, number, answer), timeout)
+            self._wait(queues.get_batch(queue, number, answer, min_version=tag), timeout)
         elif op == QSIZE:
             if queues.closed:
                 self.reply(rid, Status.CLOSED, None)
             else:
                 self.reply(rid, Status.OK, COUNTS.pack(queues.qsize(queue), queues.maxsize))
+        elif op == STATS:
+            if queues.closed:
+                self.reply(rid, Status.CLOSED, None)
+                return
+            stats = queues.stats(queue)
+            self.reply(rid, Status.OK, STATS_COUNTS.pack(stats.puts, stats.gets, stats.stale, stats.size))
         elif op == CLOSE:
             self.server.drop(queues.close())
             self.reply(rid, Status.OK, b"")

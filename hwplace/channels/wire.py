@@ -19,11 +19,14 @@ from typing import cast
 
 from hwplace.foundation.errors import ChannelLost
 
-# body length, op, request id, weight or batch weight, timeout (< 0: none), queue name length
-REQUEST = struct.Struct("!IBIddH")
+# body length, op, request id, weight or batch weight, timeout (< 0: none), version or min_version (< 0: none),
+# queue name length
+REQUEST = struct.Struct("!IBIddqH")
 REPLY = struct.Struct("!IIB")  # body length, request id, status
 LENGTH = struct.Struct("!I")
 COUNTS = struct.Struct("!QQ")
+STATS_COUNTS = struct.Struct("!QQQQ")  # a STATS reply: puts, gets, stale discards, size now
+NO_VERSION = -1
 MAX_FRAME = 1 << 31
 TOKEN_SIZE = 16
 MAX_HELLO = REQUEST.size - LENGTH.size + TOKEN_SIZE
@@ -35,6 +38,7 @@ FLUSH_DELAY = 0.0005  # ...or this many seconds after the first of them
 
 HELLO, PUT, PUT_NOWAIT, GET, GET_NOWAIT, GET_BATCH, QSIZE, CLOSE = range(8)
 BAD_REQUEST = 9  # a reply status besides queues.Status: the request was malformed
+STATS = 10  # a queue's counters (an op, numbered after BAD_REQUEST)
 INLINE, BY_REFERENCE = b"\x00", b"\x01"  # the first byte of a payload
 KEY_SIZE = 16
 
@@ -44,9 +48,11 @@ def reference_key(payload: bytes | bytearray | memoryview) -> bytes | None:
     return bytes(payload[1 : 1 + KEY_SIZE]) if payload[:1] == BY_REFERENCE else None
 
 
-def encode_request(op: int, rid: int, number: float, timeout: float | None, queue: bytes, payload: bytes) -> bytes:
+def encode_request(op: int, rid: int, number: float, timeout: float | None, queue: bytes, payload: bytes,
+                   version: int | None = None) -> bytes:
     body = REQUEST.size - LENGTH.size + len(queue) + len(payload)
-    return REQUEST.pack(body, op, rid, number, -1.0 if timeout is None else timeout, len(queue)) + queue + payload
+    return REQUEST.pack(body, op, rid, number, -1.0 if timeout is None else timeout,
+                        NO_VERSION if version is None else version, len(queue)) + queue + payload
 
 
 Outcome = tuple[int, bytearray]
@@ -131,14 +137,14 @@ class Connection:
         self._reader.start()
 
     def request(self, op: int, number: float, timeout: float | None, queue: bytes, payload: bytes = b"", *,
-                defer: bool = False) -> Reply:
+                defer: bool = False, version: int | None = None) -> Reply:
         reply = Reply()
         with self._lock:
             if self.lost is not None:
                 raise ChannelLost(self.lost)
             rid = next(self._ids) & 0xFFFFFFFF
             self._pending[rid] = reply
-            frame = encode_request(op, rid, number, timeout, queue, payload)
+            frame = encode_request(op, rid, number, timeout, queue, payload, version)
             self._out.append(frame)
             self._out_size += len(frame)
             now = not defer or self._out_size >= FLUSH_BYTES

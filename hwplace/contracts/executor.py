@@ -28,7 +28,8 @@ class Handle:
 
     ``wait(timeout=None)`` returns them, raising :class:`hwplace.WorkerError` for the first rank that failed
     and ``TimeoutError`` when ``timeout`` seconds elapse (the call goes on, and ``wait`` may be called again).
-    ``done()`` says whether every rank has answered; ``await handle`` waits inside async code.
+    ``done()`` says whether every rank has answered; ``await handle`` waits inside async code;
+    ``cancel(force=False)`` stops the call.
     """
 
     def wait(self, timeout: float | None = None) -> list[Any]:
@@ -45,6 +46,16 @@ class Handle:
     async def wait_async(self) -> list[Any]:
         """``wait()`` for async code; ``await handle`` calls it."""
         raise NotImplementedError(f"{type(self).__name__}.wait_async")
+
+    def cancel(self, force: bool = False) -> bool:
+        """Stop the call on every rank where it still runs; ``True`` when it was stopped there.
+
+        An ``async def`` method is interrupted (the worker sees ``asyncio.CancelledError``) and waiting then
+        raises :class:`hwplace.CallCancelled`. A plain method cannot be interrupted: this returns ``False``,
+        unless ``force`` ends the workers running it (waiting then raises ``WorkerError``: the process died).
+        ``False`` too when the call had already finished everywhere.
+        """
+        raise NotImplementedError(f"{type(self).__name__}.cancel")
 
     def __await__(self) -> Generator[Any, None, list[Any]]:
         return self.wait_async().__await__()
@@ -114,6 +125,15 @@ class ObjectStore:
 
 
 @dataclass(frozen=True)
+class TurnAddress:
+    """Where a node's turn arbiter (a :class:`hwplace.executor.TurnServer`) listens, and its token."""
+
+    host: str
+    port: int
+    token: str
+
+
+@dataclass(frozen=True)
 class ChannelAddress:
     """Where a channel's host serves (a :class:`ChannelServer`) and how to reach it; it pickles.
 
@@ -167,6 +187,12 @@ class Executor:
     def connect_channel(self, name: str) -> ChannelAddress:
         """The address of the channel called ``name``; ``ConfigError`` naming the channels there are if none."""
         raise NotImplementedError(f"{type(self).__name__}.connect_channel")
+
+    def turn_arbiter(self, placement: Placement) -> TurnAddress | None:
+        """In a worker process: the turn arbiter of the worker's node, or ``None`` when there is none (no group
+        shares an accelerator there; ``turn()`` then costs nothing). An executor that starts groups whose
+        placements share accelerators with other groups runs a :class:`TurnServer` on each such node."""
+        return None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

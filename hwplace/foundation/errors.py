@@ -138,6 +138,10 @@ def _rebuild_worker_error(
     return WorkerError(problem, group=group, rank=rank, node_rank=node_rank, remote_traceback=remote_traceback)
 
 
+class CallCancelled(HwplaceError):
+    """A call on a worker group was cancelled (``Handle.cancel()``) before it finished."""
+
+
 class ChannelClosed(HwplaceError):
     """The channel was closed."""
 
@@ -161,5 +165,5 @@ class ChannelLost(HwplaceError, ConnectionError):
 # Users meet these classes as hwplace.errors.X (and hwplace.X): tracebacks and pickles name that public module,
 # which re-exports them, rather than this layer's path.
 for _error in (HwplaceError, ConfigError, PlacementError, PluginError, WorkerError, ChannelClosed, ChannelEmpty,
-               ChannelFull, ChannelTimeout, ChannelLost):
+               ChannelFull, ChannelTimeout, ChannelLost, CallCancelled):
     _error.__module__ = "hwplace.errors"

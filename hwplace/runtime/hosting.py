@@ -8,6 +8,7 @@ executor never loses a traceback and never kills the process over it. Imports th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import pickle
@@ -124,8 +125,13 @@ def run_method(worker: Worker, method: str, args: tuple[Any, ...], kwargs: Mappi
 
 
 async def run_method_async(worker: Worker, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-    """Run an ``async def`` method; what it raises comes back as a :class:`RemoteFailure`."""
+    """Run an ``async def`` method; what it raises comes back as a :class:`RemoteFailure`.
+
+    A cancelled call (``Handle.cancel()``) stays cancelled: its ``CancelledError`` goes on to the executor.
+    """
     try:
         return await find_method(worker, method)(*args, **kwargs)
+    except asyncio.CancelledError:
+        raise
     except BaseException as exc:
         return RemoteFailure.capture(exc)

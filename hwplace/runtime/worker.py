@@ -2,7 +2,7 @@
 
 ``MyWorker.create_group(*args).launch(...)`` starts one process per placement (:mod:`hwplace.runtime.group`);
 hosting the worker in its process is :mod:`hwplace.runtime.hosting`. Imports the layers below and
-:mod:`hwplace.runtime.group`.
+:mod:`hwplace.runtime.group` and :mod:`hwplace.runtime.turn_client`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from hwplace.channels.channel import Channel
 from hwplace.contracts.records import Placement, WorkerContext
 from hwplace.foundation.errors import HwplaceError
 from hwplace.runtime.group import GroupLauncher
+from hwplace.runtime.turn_client import Turn, Turns
 
 
 class Worker:
@@ -79,6 +80,18 @@ class Worker:
         if group_affinity is None and group_rank_affinity is not None:
             group_affinity = context.group
         return Channel.create(name, maxsize, group_affinity=group_affinity, group_rank_affinity=group_rank_affinity)
+
+    def turn(self, timeout: float | None = None) -> Turn:
+        """``with self.turn():`` exclusive use of this worker's accelerators among groups that share them.
+
+        First come, first served; re-entrant; released if this worker dies. ``onload()`` (if defined) runs on
+        entering after another group's turn, ``offload()`` on leaving while another group waits. An elapsed
+        ``timeout`` raises ``TimeoutError``. See docs/rl-turns.md.
+        """
+        turns = self.__dict__.get("_hwplace_turns")
+        if turns is None:
+            turns = self.__dict__["_hwplace_turns"] = Turns(self)
+        return Turn(turns, timeout)
 
     def connect_channel(self, name: str) -> Channel:
         """The existing channel called ``name``; see :meth:`hwplace.Channel.connect`."""

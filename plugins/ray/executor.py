@@ -14,8 +14,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import hwplace
-from hwplace import ClusterConfig, ConfigError, Node, PluginManager
-from hwplace.executor import ChannelAddress, GroupRequest, GroupRuntime, detect_timeout
+from hwplace import ClusterConfig, ConfigError, Node, Placement, PluginManager
+from hwplace.executor import ChannelAddress, GroupRequest, GroupRuntime, TurnAddress, detect_timeout
 from hwplace_plugins.ray.ranks import RANK_VARIABLE, FoundNode, assign_ranks, nodes_table
 
 ACTOR_PREFIX = "hwplace.channel."
@@ -85,18 +85,20 @@ class RayExecutor(hwplace.Executor):
         self._groups: dict[str, GroupRuntime] = {}
         self._remote: dict[str, Any] = {}
         self._channels: dict[str, Any] = {}  # Ray stops a named actor once no handle is left: these keep them
+        self._arbiters: dict[str, Any] = {}  # the turn arbiter of each node, by node id
 
     def remote(self, name: str) -> Any:
         """A Ray remote function or actor class of this plugin, made once per process."""
         if name not in self._remote:
             ray = import_ray()
-            from hwplace_plugins.ray import channel, probe, runtime  # noqa: PLC0415 (they import Ray: loaded on first use)
+            from hwplace_plugins.ray import channel, probe, runtime, turns  # noqa: PLC0415 (import Ray: on first use)
 
             made = {
                 "inspect_node": lambda: ray.remote(num_cpus=0, max_retries=0)(probe.inspect_node),
                 "free_port": lambda: ray.remote(num_cpus=0, max_retries=0)(probe.free_port),
                 "host": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(runtime.WorkerHost),
                 "channel": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(channel.ChannelHost),
+                "turns": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(turns.TurnHost),
             }
             self._remote[name] = made[name]()
         return self._remote[name]
@@ -171,7 +173,17 @@ class RayExecutor(hwplace.Executor):
             self._groups[request.name] = runtime
         directory = json.dumps([spec.node.node_id for spec in request.workers]).encode()
         internal_kv()._internal_kv_put(f"group:{request.name}", directory, overwrite=True, namespace=kv_namespace())
+        from hwplace_plugins.ray.turns import start_arbiters  # noqa: PLC0415 (imports Ray: loaded on first use)
+
+        with self._lock:
+            running = dict(self._groups)
+        start_arbiters(request, running, self._arbiters, self.remote("turns"))
         return runtime
+
+    def turn_arbiter(self, placement: Placement) -> TurnAddress | None:
+        from hwplace_plugins.ray.turns import find_arbiter  # noqa: PLC0415 (imports Ray: loaded on first use)
+
+        return find_arbiter(placement.node_id)
 
     def _release(self, name: str) -> None:
         with self._lock:

@@ -21,7 +21,7 @@ import ray
 from ray import cloudpickle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from hwplace import Worker, WorkerError
+from hwplace import CallCancelled, HwplaceError, Worker, WorkerError
 from hwplace.executor import (
     GroupRequest,
     GroupRuntime,
@@ -77,6 +77,7 @@ class RayGroupRuntime(GroupRuntime):
 
     def __init__(self, request: GroupRequest, host: Any, release: Callable[[str], None]) -> None:
         self.name = request.name
+        self.worker_class = request.worker_class
         self.specs = tuple(request.workers)
         self._release = release
         payload = cloudpickle.dumps(request.worker_class)  # type: ignore[no-untyped-call]
@@ -99,18 +100,21 @@ class RayGroupRuntime(GroupRuntime):
             if len(ranks) > 1 and (args or kwargs):
                 sent = (ray.put(args), ray.put(kwargs))  # serialised once, not once per rank; Ray resolves them
             refs = [self.actors[r].call.remote(method, *sent) for r in ranks]
-        return RayHandle(self, tuple(ranks), refs, f"{method}()")
+        interruptible = inspect.iscoroutinefunction(getattr(self.worker_class, method, None))
+        return RayHandle(self, tuple(ranks), refs, f"{method}()", interruptible)
 
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         self._release(self.name)
 
-    def failure(self, rank: int, what: str, outcome: Any) -> WorkerError | None:
+    def failure(self, rank: int, what: str, outcome: Any) -> HwplaceError | None:
         """The error an outcome of ``rank`` stands for, or ``None`` for a result."""
         node_rank = self.specs[rank].placement.node_rank
         if isinstance(outcome, RemoteFailure):
             return outcome.error(what, group=self.name, rank=rank, node_rank=node_rank)
+        if isinstance(outcome, ray.exceptions.TaskCancelledError):
+            return CallCancelled(f"group {self.name!r} rank {rank} on node {node_rank}: {what} was cancelled")
         if isinstance(outcome, ray.exceptions.RayActorError):
             node = self.specs[rank].node
             return WorkerError(f"{what} failed: the worker process has died (node {node_rank} is "
@@ -162,8 +166,10 @@ def first_line(error: BaseException) -> str:
 class RayHandle(Handle):
     """Results of one call on some ranks of a group, gathered as they arrive; the first failure is raised."""
 
-    def __init__(self, runtime: RayGroupRuntime, ranks: tuple[int, ...], refs: list[Any], what: str) -> None:
+    def __init__(self, runtime: RayGroupRuntime, ranks: tuple[int, ...], refs: list[Any], what: str,
+                 interruptible: bool = False) -> None:
         self._runtime = runtime
+        self._interruptible = interruptible
         self._ranks = ranks
         self._refs = refs
         self._what = what
@@ -230,6 +236,22 @@ class RayHandle(Handle):
         await asyncio.gather(*(one(i, ref) for i, ref in enumerate(self._refs) if i not in self._outcomes))
         self._raise_failures()
         return [self._outcomes[i] for i in range(len(self._refs))]
+
+    def cancel(self, force: bool = False) -> bool:
+        pending = self._pending()
+        finished = set(ray.wait(pending, num_returns=len(pending), timeout=0)[0]) if pending else set()
+        running = [ref for ref in pending if ref not in finished]
+        if not running:
+            return False
+        if self._interruptible:  # an async method: Ray cancels its asyncio task
+            for ref in running:
+                ray.cancel(ref, recursive=False)
+            return True
+        if not force:
+            return False
+        for ref in running:  # a plain method: only ending its process stops it
+            ray.kill(self._runtime.actors[self._ranks[self._index[ref]]], no_restart=True)
+        return True
 
     def __repr__(self) -> str:
         return f"<RayHandle {self._runtime.name!r} {self._what} on {len(self._refs)} ranks>"

@@ -77,7 +77,7 @@ def test_plan_json_is_complete() -> None:
         "rank": 15, "node_id": "fake-node-1", "node_rank": 1, "local_accelerator_id": 7, "local_rank": 15,
         "local_world_size": 16, "visible_accelerators": [7], "isolate_accelerator": True,
         "local_hardware_ranks": [7], "hardware_type": "fake-accelerator", "node_group": "gpu", "env": None,
-        "group_env": {"GLOO_SOCKET_IFNAME": "lo"}, "python_interpreter_path": None}
+        "group_env": {"GLOO_SOCKET_IFNAME": "lo"}, "python_interpreter_path": None, "shares": []}
     assert plan["nodes"][1]["hardware"] == {"fake-accelerator": 8, "fake-robot": 1, "node": 1}
 
 
@@ -368,3 +368,24 @@ def test_hardware_says_why_a_backend_found_nothing(fresh_manager) -> None:
         entry = next(b for b in json.loads(out)["backends"] if b["name"] == "absent-tpu")
         assert (entry["devices"], entry["problem"], entry["why_none"]) == (
             [], None, "libtpu is not installed: pip install 'absent-tpu[driver]'")
+
+
+def test_plan_marks_components_that_share_accelerators(tmp_path) -> None:
+    config = write(tmp_path, """\
+        cluster:
+          num_nodes: 1
+          component_placement:
+            rollout,trainer: 0-1
+            solo: 2
+        """)
+    code, out, err = run("plan", config, "--nodes", "1x4")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    trainer = lines.index("trainer: 2 processes on group cluster, placement '0-1'")
+    assert lines[trainer + 4:trainer + 6] == ["  rank 0 shares fake-accelerator 0 (node 0) with rollout rank 0",
+                                              "  rank 1 shares fake-accelerator 1 (node 0) with rollout rank 1"]
+    assert sum("shares" in line for line in lines) == 4  # solo shares nothing
+    code, out, _ = run("plan", config, "--nodes", "1x4", "--json")
+    placements = json.loads(out)["components"]["rollout"]["placements"]
+    assert placements[1]["shares"] == [{"node_rank": 0, "hardware_type": "fake-accelerator", "index": 1,
+                                        "component": "trainer", "rank": 1}]

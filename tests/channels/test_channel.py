@@ -733,3 +733,57 @@ def test_a_worker_makes_its_channels_through_its_own_executor(executor: ProcessE
         worker.create_channel(name).put(1)
         assert executor_module.current_executor() is executor
     assert name in executor.hosts
+
+
+# -- versions and stats ---------------------------------------------------------------------------------
+
+
+def test_min_version_skips_older_items_and_stats_count_them() -> None:
+    ch = new()
+    for version in range(1, 6):
+        ch.put(f"v{version}", weight=1, version=version)
+    ch.put("untagged", weight=1)
+    assert ch.get(min_version=2) == "v2"  # v1 discarded
+    assert ch.get_batch(2, min_version=5) == ["v5", "untagged"]  # v3, v4 discarded; untagged never skipped
+    assert ch.stats() == hwplace.QueueStats(puts=6, gets=3, stale=3, size=0)
+    ch.put("old", version=1)
+    with pytest.raises(hwplace.ChannelEmpty, match="the queue is empty"):
+        ch.get_nowait(min_version=2)
+    assert ch.stats().stale == 4
+    assert ch.stats("other queue") == hwplace.QueueStats(0, 0, 0, 0)
+    ch.close()
+    with pytest.raises(hwplace.ChannelClosed, match="stats failed, the channel is closed"):
+        ch.stats()
+
+
+def test_an_async_get_batch_with_min_version_waits_past_stale_items() -> None:
+    ch = new()
+    handle = ch.get_batch(2, async_op=True, timeout=30, min_version=7)
+    for version in (6, 7, 5, 8):
+        ch.put(version, weight=1, version=version)
+    assert handle.wait(timeout=30) == [7, 8]
+    assert ch.stats().stale == 2
+
+
+@pytest.mark.parametrize("version", [-1, 1.5, "3", True, 2**63])
+def test_versions_are_whole_numbers_of_at_least_zero(version: Any) -> None:
+    ch = new()
+    with pytest.raises(hwplace.ConfigError, match=r"^version: must be None \(no version\) or a whole number >= 0"):
+        ch.put("x", version=version)
+    with pytest.raises(hwplace.ConfigError, match=r"^min_version: must be None"):
+        ch.get_batch(1, min_version=version)
+    assert ch.stats().puts == 0
+    ch.put("x", version=np.int64(3))
+    assert ch.get(min_version=np.int32(3)) == "x"
+
+
+def test_a_stale_item_stashed_by_reference_is_dropped(monkeypatch: pytest.MonkeyPatch,
+                                                      executor: ProcessExecutor) -> None:
+    monkeypatch.setattr(channel_module, "INLINE_LIMIT", 100)
+    ch = new()
+    store = executor.folder / ch.name
+    ch.put(b"o" * 200, version=1)
+    ch.put(b"n" * 200, version=2)
+    assert len(list(store.iterdir())) == 2
+    assert ch.get(min_version=2) == b"n" * 200
+    assert list(store.iterdir()) == []  # the stale one released by the host, the fresh one taken

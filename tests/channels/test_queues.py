@@ -18,7 +18,7 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from hwplace.channels.queues import Status, Ticket, WeightedQueues
+from hwplace.channels.queues import QueueStats, Status, Ticket, WeightedQueues
 
 # -- helpers ------------------------------------------------------------------------------------------
 
@@ -176,7 +176,7 @@ def test_get_nowait_does_not_take_items_held_by_a_waiting_get_batch() -> None:
     ticket = queues.get_batch("q", 5, replies("batch"))
     fill(queues, replies, "q", [("a", 1)])
     assert isinstance(ticket, Ticket)
-    assert [item for item, _ in ticket.taken] == ["a"]
+    assert [item for item, *_ in ticket.taken] == ["a"]
     queues.get("q", replies("g"), block=False)
     assert replies.of("g") == [(Status.EMPTY, None)]
 
@@ -258,7 +258,7 @@ def test_waiting_get_batch_holds_its_items_outside_the_queue() -> None:
     assert isinstance(ticket, Ticket)
     assert replies.of("batch") == []
     assert queues.qsize("q") == 0
-    assert [item for item, _ in ticket.taken] == ["a", "b"]
+    assert [item for item, *_ in ticket.taken] == ["a", "b"]
     fill(queues, replies, "q", [("c", 1)])
     assert queues.qsize("q") == 0
     assert replies.of("batch") == []
@@ -301,7 +301,7 @@ def test_blocked_get_batches_are_served_in_arrival_order() -> None:
     assert isinstance(first, Ticket)
     assert isinstance(second, Ticket)
     fill(queues, replies, "q", [("a", 1)])
-    assert [item for item, _ in first.taken] == ["a"]
+    assert [item for item, *_ in first.taken] == ["a"]
     assert second.taken == []
     fill(queues, replies, "q", [("b", 1), ("c", 1)])
     assert replies.of("first") == [(Status.OK, ["a", "b"])]
@@ -371,13 +371,13 @@ def test_cancelled_get_batch_items_serve_the_next_waiting_getters() -> None:
     assert isinstance(plain, Ticket)
     assert isinstance(second, Ticket)
     fill(queues, replies, "q", [("a", 1), ("b", 1), ("c", 1)])
-    assert [item for item, _ in first.taken] == ["a", "b", "c"]
+    assert [item for item, *_ in first.taken] == ["a", "b", "c"]
     queues.cancel(first)
     assert replies.of("first") == [(Status.TIMEOUT, None)]
     assert replies.of("plain") == [(Status.OK, "a")]
     # "second" now holds b and c (weight 2 of 3) and keeps waiting
     assert replies.of("second") == []
-    assert [item for item, _ in second.taken] == ["b", "c"]
+    assert [item for item, *_ in second.taken] == ["b", "c"]
     assert queues.qsize("q") == 0
     fill(queues, replies, "q", [("d", 1)])
     assert replies.of("second") == [(Status.OK, ["b", "c", "d"])]
@@ -443,7 +443,7 @@ def test_cancel_of_a_finished_ticket_does_nothing() -> None:
     assert replies.of("g") == [(Status.OK, "a")]
     queues.cancel(getter)  # already answered
     assert replies.of("g") == [(Status.OK, "a")]
-    assert [item for item, _ in batch.taken] == ["b"]  # the batch still waits, holding "b"
+    assert [item for item, *_ in batch.taken] == ["b"]  # the batch still waits, holding "b"
     queues.cancel(batch)
     queues.cancel(batch)  # cancelled twice: the second does nothing
     assert replies.of("batch") == [(Status.TIMEOUT, None)]
@@ -531,7 +531,8 @@ class Waiting:
     item: int = 0  # put: the item it carries
     weight: float = 0.0
     target: float = 0.0
-    held: list[tuple[int, float]] = field(default_factory=list)  # get_batch: what it has gathered
+    version: int | None = None  # put: the item's version; get and get_batch: the least version taken
+    held: list[tuple[int, float, int | None]] = field(default_factory=list)  # get_batch: what it has gathered
 
 
 Outcome = tuple[Status, Any]
@@ -545,14 +546,16 @@ class Reference:
     items carried by waiting puts. Waiting getters, in arrival order, take from the front of that stream
     (a get one item, a get_batch items until their weight reaches its target, else all that is left). A put
     whose item a getter took has entered; of the rest, a put enters when fewer than ``maxsize`` items are
-    ahead of it in what remains.
+    ahead of it in what remains. A getter with a ``min_version`` discards, as stale, every item of an older
+    version that comes to it from that stream; untagged items always pass.
     """
 
     def __init__(self, maxsize: int) -> None:
         self.maxsize = maxsize
         self.closed = False
-        self.queued: dict[str, list[tuple[int, float]]] = {name: [] for name in NAMES}
+        self.queued: dict[str, list[tuple[int, float, int | None]]] = {name: [] for name in NAMES}
         self.waiting: list[Waiting] = []
+        self.stale: dict[str, list[int]] = {name: [] for name in NAMES}  # the items discarded as stale
 
     def request(self, request: Waiting, block: bool) -> dict[int, Outcome]:
         if self.closed:
@@ -575,8 +578,8 @@ class Reference:
 
     def close(self) -> tuple[dict[int, Outcome], list[int]]:
         self.closed = True
-        dropped = [item for items in self.queued.values() for item, _ in items]
-        dropped += [item for request in self.waiting for item, _ in request.held]
+        dropped = [item for items in self.queued.values() for item, _, _ in items]
+        dropped += [item for request in self.waiting for item, _, _ in request.held]
         dropped += [request.item for request in self.waiting if request.kind == "put"]
         outcomes = {request.rid: (Status.CLOSED, None) for request in self.waiting}
         self.waiting = []
@@ -588,40 +591,42 @@ class Reference:
         for name in NAMES:
             getters = [request for request in self.waiting if request.queue == name and request.kind != "put"]
             putters = [request for request in self.waiting if request.queue == name and request.kind == "put"]
-            stream: list[tuple[int, float, Waiting | None]] = [
-                (item, weight, None) for getter in getters for item, weight in getter.held
+            stream: list[tuple[int, float, int | None, Waiting | None]] = [
+                (item, weight, version, None) for getter in getters for item, weight, version in getter.held
             ]
-            stream += [(item, weight, None) for item, weight in self.queued[name]]
-            stream += [(putter.item, putter.weight, putter) for putter in putters]
+            stream += [(item, weight, version, None) for item, weight, version in self.queued[name]]
+            stream += [(putter.item, putter.weight, putter.version, putter) for putter in putters]
             front = 0
             for getter in getters:
                 getter.held = []
-                if getter.kind == "get":
-                    if front < len(stream):
-                        outcomes[getter.rid] = (Status.OK, stream[front][0])
-                        front += 1
-                    continue
                 taken, total = [], 0.0
-                for entry in stream[front:]:
+                while front < len(stream):
+                    entry = stream[front]
+                    front += 1
+                    if entry[2] is not None and getter.version is not None and entry[2] < getter.version:
+                        self.stale[name].append(entry[0])
+                        continue
                     taken.append(entry)
                     total += entry[1]
-                    if total >= getter.target:
+                    if getter.kind == "get" or total >= getter.target:
                         break
-                if taken and total >= getter.target:
-                    outcomes[getter.rid] = (Status.OK, [item for item, _, _ in taken])
+                if getter.kind == "get":
+                    if taken:
+                        outcomes[getter.rid] = (Status.OK, taken[0][0])
+                elif taken and total >= getter.target:
+                    outcomes[getter.rid] = (Status.OK, [entry[0] for entry in taken])
                 else:
-                    getter.held = [(item, weight) for item, weight, _ in taken]
-                front += len(taken)
-            for _, _, origin in stream[:front]:
+                    getter.held = [(item, weight, version) for item, weight, version, _ in taken]
+            for _, _, _, origin in stream[:front]:
                 if origin is not None:
                     outcomes[origin.rid] = (Status.OK, None)
             self.queued[name] = []
-            for ahead, (item, weight, origin) in enumerate(stream[front:]):
+            for ahead, (item, weight, version, origin) in enumerate(stream[front:]):
                 if origin is not None:
                     if self.maxsize and ahead >= self.maxsize:
                         break
                     outcomes[origin.rid] = (Status.OK, None)
-                self.queued[name].append((item, weight))
+                self.queued[name].append((item, weight, version))
         self.waiting = [request for request in self.waiting if request.rid not in outcomes]
         return outcomes
 
@@ -636,6 +641,7 @@ class Op:
     target: float = 1.0
     block: bool = True
     pick: int = 0
+    version: int | None = None  # put: the item's version; get and get_batch: min_version
 
 
 # close is rare (every run ends with one anyway): everything after it only replies CLOSED
@@ -648,10 +654,11 @@ operations = st.builds(
     target=st.sampled_from(TARGETS),
     block=st.booleans(),
     pick=st.integers(min_value=0, max_value=15),
+    version=st.sampled_from([None, None, 1, 2, 3]),
 )
 
 
-def queued_items(queues: WeightedQueues, name: str) -> list[tuple[Any, float]]:
+def queued_items(queues: WeightedQueues, name: str) -> list[tuple[Any, float, int | None]]:
     """What queue ``name`` holds, read from WeightedQueues' internals (no public API lists the items)."""
     queue = queues._queues.get(name)
     return list(queue.items) if queue is not None else []
@@ -667,6 +674,8 @@ def run_against_reference(maxsize: int, ops: list[Op]) -> None:
     put_in: Counter[int] = Counter()  # items of puts answered OK, plus those of waiting puts dropped by close
     got: Counter[int] = Counter()
     dropped_by_close: Counter[int] = Counter()
+    entered = Counter[str]()  # per queue: puts answered OK (before any close)
+    handed = Counter[str]()  # per queue: items got
 
     def reply_for(rid: int) -> Callable[[Status, Any], None]:
         def reply(status: Status, value: Any) -> None:
@@ -681,15 +690,16 @@ def run_against_reference(maxsize: int, ops: list[Op]) -> None:
         dropped: list[Any] | None = None
         if op.kind in ("put", "get", "get_batch"):
             rid = next(rids)
-            request = Waiting(rid, op.kind, op.queue)
+            request = Waiting(rid, op.kind, op.queue, version=op.version)
             if op.kind == "put":
                 request.item, request.weight = next(items), op.weight
-                returned = queues.put(op.queue, request.item, op.weight, reply_for(rid), block=op.block)
+                returned = queues.put(op.queue, request.item, op.weight, reply_for(rid), block=op.block,
+                                      version=op.version)
             elif op.kind == "get":
-                returned = queues.get(op.queue, reply_for(rid), block=op.block)
+                returned = queues.get(op.queue, reply_for(rid), block=op.block, min_version=op.version)
             else:
                 request.target = op.target
-                returned = queues.get_batch(op.queue, op.target, reply_for(rid))
+                returned = queues.get_batch(op.queue, op.target, reply_for(rid), min_version=op.version)
             requests[rid] = request
             if returned is not None:
                 tickets[rid] = returned
@@ -735,10 +745,13 @@ def run_against_reference(maxsize: int, ops: list[Op]) -> None:
             if status is Status.OK:
                 if request.kind == "put":
                     put_in[request.item] += 1
+                    entered[request.queue] += 1
                 elif request.kind == "get":
                     got[value] += 1
+                    handed[request.queue] += 1
                 else:
                     got.update(value)
+                    handed[request.queue] += len(value)
             elif status is Status.CLOSED and request.kind == "put" and dropped is not None:
                 put_in[request.item] += 1
         if dropped is not None:
@@ -753,10 +766,14 @@ def run_against_reference(maxsize: int, ops: list[Op]) -> None:
         assert {answered for answered, ticket in tickets.items() if not ticket.done} == waiting_now
         for request in reference.waiting:
             assert tickets[request.rid].taken == request.held
-        # conservation: nothing is lost or made up
-        queued = Counter(item for name in NAMES for item, _ in queued_items(queues, name))
-        held = Counter(item for ticket in tickets.values() if not ticket.done for item, _ in ticket.taken)
-        assert put_in == got + queued + held + dropped_by_close
+            # stats: what entered, what was handed out, what was discarded as stale, the size now
+            assert queues.stats(name) == QueueStats(entered[name], handed[name], len(reference.stale[name]),
+                                                    len(reference.queued[name]))
+        # conservation: nothing is lost or made up; stale items are discarded, counted, never handed out
+        queued = Counter(item for name in NAMES for item, _, _ in queued_items(queues, name))
+        held = Counter(item for ticket in tickets.values() if not ticket.done for item, _, _ in ticket.taken)
+        stale = Counter(item for name in NAMES for item in reference.stale[name])
+        assert put_in == got + queued + held + dropped_by_close + stale
 
     # every request was answered exactly once
     answered_ids = [answered for answered, _, _ in log]
@@ -799,9 +816,9 @@ def test_the_reference_model_follows_the_contract_examples() -> None:
         }
     assert reference.request(Waiting(10, "get_batch", "a", target=3.0), block=True) == {10: (Status.OK, [0, 1])}
     assert reference.request(Waiting(11, "get_batch", "a", target=4.0), block=True) == {}
-    assert reference.waiting[0].held == [(2, 3.0)]
+    assert reference.waiting[0].held == [(2, 3.0, None)]
     assert reference.cancel(11) == {11: (Status.TIMEOUT, None)}
-    assert reference.queued["a"] == [(2, 3.0)]
+    assert reference.queued["a"] == [(2, 3.0, None)]
     assert reference.request(Waiting(12, "get", "a"), block=False) == {12: (Status.OK, 2)}
     assert reference.request(Waiting(13, "get", "a"), block=False) == {13: (Status.EMPTY, None)}
 
@@ -838,3 +855,61 @@ def test_a_queue_is_forgotten_once_empty_and_unused() -> None:
     queues.get("c", reply)
     assert queues.queue_names() == []
     assert [s for s, _ in replies].count(Status.EMPTY) == 1000
+
+
+# -- versions and stats ------------------------------------------------------------------------------------
+
+
+def test_a_get_with_min_version_discards_older_items_and_counts_them() -> None:
+    queues, replies = WeightedQueues(), Replies()
+    for item, version in (("v4", 4), ("v5", 5), ("v6", 6), ("v7", 7)):
+        queues.put("q", item, 1, replies(f"put {item}"), version=version)
+    queues.get("q", replies("g"), min_version=6)
+    assert replies.of("g") == [(Status.OK, "v6")]
+    assert queues.stats("q") == QueueStats(puts=4, gets=1, stale=2, size=1)
+
+
+def test_items_without_a_version_are_never_skipped() -> None:
+    queues, replies = WeightedQueues(), Replies()
+    queues.put("q", "old", 1, replies("p1"), version=1)
+    queues.put("q", "untagged", 1, replies("p2"))
+    queues.put("q", "new", 1, replies("p3"), version=9)
+    queues.get_batch("q", 2, replies("batch"), min_version=5)
+    assert replies.of("batch") == [(Status.OK, ["untagged", "new"])]
+    assert queues.stats("q") == QueueStats(puts=3, gets=2, stale=1, size=0)
+
+
+def test_a_waiting_get_batch_discards_stale_items_as_they_come() -> None:
+    discarded: list[Any] = []
+    queues, replies = WeightedQueues(on_stale=discarded.append), Replies()
+    ticket = queues.get_batch("q", 3, replies("batch"), min_version=2)
+    assert isinstance(ticket, Ticket)
+    for item, version in (("a", 2), ("b", 1), ("c", 3), ("d", 1), ("e", 2)):
+        queues.put("q", item, 1, replies(f"put {item}"), version=version)
+    assert replies.of("batch") == [(Status.OK, ["a", "c", "e"])]
+    assert discarded == ["b", "d"]
+    assert queues.stats("q").stale == 2
+
+
+def test_get_nowait_discards_stale_items_and_takes_what_a_waiting_put_brings() -> None:
+    discarded: list[Any] = []
+    queues, replies = WeightedQueues(maxsize=1, on_stale=discarded.append), Replies()
+    queues.put("q", "old", 1, replies("p1"), version=1)
+    blocked = queues.put("q", "next", 1, replies("p2"), version=3)
+    assert isinstance(blocked, Ticket)
+    queues.get("q", replies("g"), block=False, min_version=2)
+    # "old" is discarded, which lets the waiting put in, and its item is what the get takes
+    assert discarded == ["old"]
+    assert replies.of("p2") == [(Status.OK, None)]
+    assert replies.of("g") == [(Status.OK, "next")]
+    queues.get("q", replies("g2"), block=False, min_version=2)
+    assert replies.of("g2") == [(Status.EMPTY, None)]
+
+
+def test_a_getter_without_min_version_takes_old_items() -> None:
+    queues, replies = WeightedQueues(), Replies()
+    queues.put("q", "old", 1, replies("p"), version=1)
+    queues.get("q", replies("g"))
+    assert replies.of("g") == [(Status.OK, "old")]
+    assert queues.stats("q") == QueueStats(puts=1, gets=1, stale=0, size=0)
+    assert queues.stats("never used") == QueueStats()

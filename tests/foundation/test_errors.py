@@ -16,6 +16,7 @@ ERRORS = [
     hwplace.WorkerError("run() raised ValueError: no", group="actor", rank=1, node_rank=0, remote_traceback="tb"),
     hwplace.ChannelClosed("closed"),
     hwplace.ChannelLost("lost"),
+    hwplace.CallCancelled("group 'g' rank 0 on node 0: run() was cancelled"),
 ]
 
 

@@ -1,0 +1,167 @@
+"""A worker's side of turns: ``with self.turn():`` (or ``async with``), re-entrant, with the onload/offload hooks.
+
+The worker connects once to its node's arbiter (:class:`hwplace.runtime.turns.TurnServer`), whose address its
+executor gives (``Executor.turn_arbiter``); a worker without own accelerators, or on a node where no group
+shares one, takes a turn at no cost. Imports the layers below and :mod:`hwplace.runtime.turns`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from hwplace.contracts.executor import TurnAddress
+from hwplace.foundation.errors import ConfigError, WorkerError
+from hwplace.planning.sharing import accelerator_units
+from hwplace.plugin.current import current_executor
+
+if TYPE_CHECKING:
+    from hwplace.runtime.worker import Worker
+
+
+class _Connection:
+    """One worker's connection to its node's arbiter; one request at a time."""
+
+    def __init__(self, address: TurnAddress, group: str, who: str) -> None:
+        self._socket = socket.create_connection((address.host, address.port), timeout=10)
+        self._socket.settimeout(None)
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._file = self._socket.makefile("rb")
+        self._send({"token": address.token, "group": group, "who": who})
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self._socket.sendall(json.dumps(message).encode() + b"\n")
+
+    def ask(self, message: dict[str, Any]) -> dict[str, Any]:
+        self._send(message)
+        line = self._file.readline()
+        if not line:
+            raise OSError("the arbiter closed the connection")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+
+class Turns:
+    """The turn state of one worker: how deep it is in ``turn()`` blocks, and its arbiter connection."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self._units = [list(unit) for unit in accelerator_units(worker.placement)]
+        self._who = f"{worker.group_name} rank {worker.rank}"
+        self._changed = threading.Condition()
+        self._depth = 0
+        self._entering = False
+        self._connection: _Connection | None = None
+        self._held_remotely = False
+        self._offloaded = False  # offload() ran and no onload() since: the worker's state is out
+
+    def _arbiter(self) -> _Connection | None:
+        if self._connection is None and self._units:
+            address = current_executor().turn_arbiter(self._worker.placement)
+            if address is not None:
+                try:
+                    self._connection = _Connection(address, self._worker.group_name, self._who)
+                except OSError as exc:
+                    raise self._lost(exc) from None
+        return self._connection
+
+    def _lost(self, exc: OSError) -> WorkerError:
+        context = self._worker.placement
+        return WorkerError(f"the turn arbiter of node {context.node_rank} is gone ({exc.strerror or exc})",
+                           group=self._worker.group_name, rank=self._worker.rank, node_rank=context.node_rank)
+
+    def enter(self, timeout: float | None) -> None:
+        with self._changed:
+            while self._entering:  # another thread of this worker is entering: share its turn
+                self._changed.wait()
+            if self._depth:
+                self._depth += 1
+                return
+            self._entering = True
+        try:
+            onload = self._acquire(timeout)
+        finally:
+            with self._changed:
+                self._entering = False
+                self._changed.notify_all()
+        with self._changed:
+            self._depth = 1
+        hook = getattr(self._worker, "onload", None)
+        # onload() undoes offload(): a worker that defines offload() is onloaded only after it offloaded
+        if onload and callable(hook) and (self._offloaded or not callable(getattr(self._worker, "offload", None))):
+            self._offloaded = False
+            try:
+                hook()
+            except BaseException:
+                self.leave()
+                raise
+
+    def _acquire(self, timeout: float | None) -> bool:
+        connection = self._arbiter()
+        self._held_remotely = connection is not None
+        if connection is None:
+            return False
+        try:
+            answer = connection.ask({"op": "acquire", "units": self._units, "timeout": timeout})
+        except OSError as exc:
+            raise self._lost(exc) from None
+        if not answer["granted"]:
+            self._held_remotely = False
+            held = ", ".join(answer["holders"]) or "workers of another group waiting before it"
+            raise TimeoutError(f"{self._who}: no turn on {_units(self._units)} within {timeout:g} s (held by {held})")
+        return bool(answer["onload"])
+
+    def leave(self) -> None:
+        with self._changed:
+            self._depth -= 1
+            if self._depth:
+                return
+        connection = self._connection
+        if connection is None or not self._held_remotely:
+            return
+        hook = getattr(self._worker, "offload", None)
+        try:
+            if connection.ask({"op": "release", "hooks": callable(hook)})["offload"]:
+                try:
+                    self._offloaded = True
+                    hook()  # type: ignore[misc]
+                finally:
+                    connection.ask({"op": "released"})
+        except OSError as exc:
+            raise self._lost(exc) from None
+
+
+def _units(units: list[list[Any]]) -> str:
+    return ", ".join(f"{kind} {index}" for kind, index in units)
+
+
+class Turn:
+    """What ``worker.turn(timeout)`` returns: use it as ``with`` (or ``async with`` in an ``async def`` method)."""
+
+    def __init__(self, turns: Turns, timeout: float | None) -> None:
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                    or not 0 <= timeout < float("inf")):
+            raise ConfigError("timeout", "must be None (wait as long as it takes) or a finite number of seconds >= 0",
+                              value=timeout)
+        self._turns = turns
+        self._timeout = timeout
+
+    def __enter__(self) -> Turn:
+        self._turns.enter(self._timeout)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self._turns.leave()
+
+    async def __aenter__(self) -> Turn:
+        await asyncio.to_thread(self._turns.enter, self._timeout)
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await asyncio.to_thread(self._turns.leave)
