@@ -13,6 +13,7 @@ from hwplace.foundation.errors import (
     HwplaceError,
     PlacementError,
     PluginError,
+    WeightSyncError,
     WorkerError,
 )
 
@@ -26,5 +27,6 @@ __all__ = [
     "HwplaceError",
     "PlacementError",
     "PluginError",
+    "WeightSyncError",
     "WorkerError",
 ]
