@@ -10,6 +10,7 @@ losing a message, and a peer that dies fails every waiting ``recv`` at once. Imp
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections import deque
 from collections.abc import Generator, Sequence
@@ -82,6 +83,15 @@ def device_backend(placements: Sequence[Any]) -> str | None:
     return name if name == "nccl" and torch_module().cuda.is_available() else None
 
 
+FRAME = 4096  # bytes of every message's first part: the header, then the payload when it fits (inline)
+FRAME_TAG, PAYLOAD_TAG = 0, 1
+
+
+def inline(header: Any) -> bool:
+    """Whether the payload a header announces travels inside its frame (small, in host memory)."""
+    return int(header[0]) != DEVICE_TENSOR and int(header[1]) <= FRAME - HEADER * 8
+
+
 def peer_error(entry: GroupEntry, rank: int, problem: str) -> WorkerError:
     return WorkerError(problem, group=entry.name, rank=rank, node_rank=entry.placements[rank].node_rank)
 
@@ -118,14 +128,21 @@ class Pair:
             self.comm = connect(messenger.executor, self.key, self.members, index, messenger.address, backend)
             self.ready.set()
             other = 1 - index
-            while True:
-                header = torch.zeros(HEADER, dtype=torch.int64)
-                self.comm.gloo.recv([header], other, 0).wait()
+            frames = [torch.zeros(FRAME, dtype=torch.uint8) for _ in range(2)]
+            posted = self.comm.gloo.recv([frames[0]], other, FRAME_TAG)
+            for turn in itertools.count():
+                posted.wait()
+                frame = frames[turn % 2]
+                # the next frame's receive is posted before this one is read: a sender never waits for it
+                posted = self.comm.gloo.recv([frames[(turn + 1) % 2]], other, FRAME_TAG)
+                header = frame[: HEADER * 8].view(torch.int64)
                 on_device = int(header[0]) == DEVICE_TENSOR
-                payload = empty_payload(header, torch.cuda.current_device() if on_device else None)
-                if payload.numel():
-                    (self.comm.device if on_device else self.comm.gloo).recv([payload], other, 0).wait()
-                self._deliver(decode(header, payload))
+                if inline(header):
+                    payload = frame[HEADER * 8 : HEADER * 8 + int(header[1])].clone()
+                else:
+                    payload = empty_payload(header, torch.cuda.current_device() if on_device else None)
+                    (self.comm.device if on_device else self.comm.gloo).recv([payload], other, PAYLOAD_TAG).wait()
+                self._deliver(decode(header.clone(), payload))
         except BaseException as exc:
             self._fail(exc)
 
@@ -178,17 +195,22 @@ class Pair:
 
     def send(self, obj: Any, async_op: bool) -> MessageHandle | None:
         comm = self.connected()
+        torch = torch_module()
         header, payload = encode(obj, device_ok=comm.device is not None)
         other = 1 - comm.index
+        frame = torch.zeros(FRAME, dtype=torch.uint8)
+        frame[: HEADER * 8] = header.view(torch.uint8)
+        if inline(header):
+            frame[HEADER * 8 : HEADER * 8 + payload.numel()] = payload
         with self.send_lock:
-            works = [comm.gloo.send([header], other, 0)]
-            if payload.numel():
+            works = [comm.gloo.send([frame], other, FRAME_TAG)]
+            if not inline(header):
                 on_device = int(header[0]) == DEVICE_TENSOR
-                works.append((comm.device if on_device else comm.gloo).send([payload], other, 0))
+                works.append((comm.device if on_device else comm.gloo).send([payload], other, PAYLOAD_TAG))
         if not async_op:
-            self._finish(works, header, payload)
+            self._finish(works, frame, payload)
             return None
-        return MessageHandle(self.sender.submit(self._finish, works, header, payload), f"send to {self}")
+        return MessageHandle(self.sender.submit(self._finish, works, frame, payload), f"send to {self}")
 
     def _finish(self, works: list[Any], *keep: Any) -> None:
         try:

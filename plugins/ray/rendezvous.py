@@ -90,7 +90,7 @@ class RayVersionBoard(VersionBoard):
         self._actor = actor
 
     def post(self, version: int, manifest: Any) -> None:
-        ray.get(self._actor.post.remote(version, manifest))
+        self._actor.post.remote(version, manifest)  # not awaited: a caller's calls reach the actor in order
 
     def wait(self, min_version: int, timeout: float | None) -> tuple[int, Any]:
         found = ray.get(self._actor.wait.remote(min_version, timeout))
