@@ -10,6 +10,7 @@ import pytest
 
 import hwplace
 from hwplace.pytest_plugin import LocalRay
+from hwplace.runtime import current
 from hwplace.runtime import weights as weights_module
 
 ray = pytest.importorskip("ray")
@@ -125,7 +126,7 @@ def test_a_corrupted_bucket_is_caught_and_the_previous_version_kept(groups) -> N
     assert rollout.latest(sync, good).wait(timeout=60) == [(good, [9.0])] * 3
 
 
-def test_misuse_is_a_clear_error(groups) -> None:
+def test_misuse_is_a_clear_error(groups, monkeypatch: pytest.MonkeyPatch) -> None:
     _, rollout, sync = groups
     assert "publish runs on its source, group 'trainer' rank 0" in rollout.execute_on(0).publish(sync).wait(
         timeout=60)[0]
@@ -133,5 +134,6 @@ def test_misuse_is_a_clear_error(groups) -> None:
         hwplace.WeightSync.create("other", source="trainer", targets=("rolout",))
     with pytest.raises(hwplace.ConfigError, match="source_rank"):
         hwplace.WeightSync.create("other", source="trainer", targets=("rollout",), source_rank=3)
+    monkeypatch.setattr(current, "_context", [])  # other tests host a worker in this process
     with pytest.raises(hwplace.HwplaceError, match="inside a worker"):
         sync.latest()
