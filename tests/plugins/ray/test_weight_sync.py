@@ -11,10 +11,12 @@ import pytest
 import hwplace
 from hwplace.pytest_plugin import LocalRay
 from hwplace.runtime import current
+from hwplace.runtime import buckets
 from hwplace.runtime import weights as weights_module
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
+nn: Any = torch.nn
 pytestmark = pytest.mark.time_limit(180)
 
 # trainer rank 0 holds accelerator 0 of node 0; rollout 0 shares it, rollout 1 is on node 0, rollout 2 on node 1
@@ -29,7 +31,7 @@ def state_dict(version: int) -> dict[str, Any]:
             "steps": torch.tensor(version, dtype=torch.int64)}
 
 
-class Model(torch.nn.Module):
+class Model(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.embed = torch.nn.Linear(32, 64, bias=False)
@@ -43,7 +45,7 @@ class Trainer(hwplace.Worker):
         return sync.publish(state_dict(version))
 
     def publish_corrupted(self, sync: hwplace.WeightSync, version: int) -> int:
-        real = weights_module.pack
+        real = buckets.pack
 
         def corrupting(state: Any, bucket_bytes: int) -> Any:
             entries, buckets = real(state, bucket_bytes)
