@@ -10,8 +10,7 @@ import pytest
 
 import hwplace
 from hwplace.pytest_plugin import LocalRay
-from hwplace.runtime import current
-from hwplace.runtime import buckets
+from hwplace.runtime import buckets, current
 from hwplace.runtime import weights as weights_module
 
 ray = pytest.importorskip("ray")
