@@ -30,7 +30,7 @@ def state_dict(version: int) -> dict[str, Any]:
             "steps": torch.tensor(version, dtype=torch.int64)}
 
 
-class Model(nn.Module):
+class Model(nn.Module):  # type: ignore[misc]
     def __init__(self) -> None:
         super().__init__()
         self.embed = torch.nn.Linear(32, 64, bias=False)
