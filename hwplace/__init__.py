@@ -32,6 +32,7 @@ from hwplace.foundation.errors import (
     HwplaceError,
     PlacementError,
     PluginError,
+    WeightSyncError,
     WorkerError,
 )
 from hwplace.foundation.version import __version__
@@ -44,7 +45,9 @@ from hwplace.planning.strategies import (
     PlacementStrategy,
 )
 from hwplace.plugin.manager import PluginManager, get_plugin_manager
+from hwplace.runtime.buckets import Weights
 from hwplace.runtime.group import WorkerGroup
+from hwplace.runtime.weights import WeightSync
 from hwplace.runtime.worker import Worker
 
 hookimpl = pluggy.HookimplMarker("hwplace")
@@ -81,6 +84,9 @@ __all__ = [
     "PluginError",
     "PluginManager",
     "QueueStats",
+    "WeightSync",
+    "WeightSyncError",
+    "Weights",
     "Worker",
     "WorkerError",
     "WorkerGroup",

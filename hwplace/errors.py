@@ -14,6 +14,7 @@ from hwplace.foundation.errors import (
     HwplaceError,
     PlacementError,
     PluginError,
+    WeightSyncError,
     WorkerError,
 )
 
@@ -28,5 +29,6 @@ __all__ = [
     "HwplaceError",
     "PlacementError",
     "PluginError",
+    "WeightSyncError",
     "WorkerError",
 ]

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from hwplace.application.job import run_job
-from hwplace.application.report import plan_json, print_plan, table
+from hwplace.application.report import plan_json, print_plan, print_sync_plans, sync_plans, sync_plans_json, table
 from hwplace.config.loading import apply_overrides, load_config
 from hwplace.config.section import cluster_section, parse_cluster_config
 from hwplace.contracts.hardware import Device
@@ -69,11 +69,14 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             err.write("hwplace: note: no accelerator was detected on this machine; plan against a declared "
                       "inventory instead, such as --nodes 2x8 or --nodes 2x8:cuda\n")
         raise
+    syncs = sync_plans(config, plan)
     if args.json:
-        json.dump(plan_json(plan), out, indent=2, default=safe_repr)
+        json.dump({**plan_json(plan), **({"weight_sync": sync_plans_json(syncs)} if syncs else {})}, out, indent=2,
+                  default=safe_repr)
         out.write("\n")
     else:
         print_plan(plan, out)
+        print_sync_plans(syncs, out)
     return 0
 
 

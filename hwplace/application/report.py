@@ -10,9 +10,13 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from hwplace.contracts.records import Placement
+from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.wording import plural
 from hwplace.planning.component import ComponentPlacement
 from hwplace.planning.sharing import shared_accelerators
+from hwplace.planning.sync_plan import SyncSpec, SyncTarget, parse_weight_sync, plan_sync
+
+SyncPlans = list[tuple[SyncSpec, int, tuple[SyncTarget, ...]]]  # each sync, its source's node, its targets
 
 
 def _hardware_cell(placement: Placement) -> str:
@@ -82,3 +86,35 @@ def plan_json(plan: ComponentPlacement) -> dict[str, Any]:
             for name in plan.components
         },
     }
+
+
+def sync_plans(config: Any, plan: ComponentPlacement) -> SyncPlans:
+    """The plan of each entry of the config's top-level ``weight_sync:`` section (none when it has none)."""
+    section = config.get("weight_sync") if isinstance(config, Mapping) else None
+    plans = []
+    for spec in parse_weight_sync(section, plan.components):
+        sources = plan.get_placements(spec.source)
+        if spec.source_rank >= len(sources):
+            raise ConfigError(f"weight_sync.{spec.name}.source_rank", f"component {spec.source!r} has ranks "
+                              f"0-{len(sources) - 1}", value=spec.source_rank)
+        targets = {t: plan.get_placements(t) for t in spec.targets}
+        source = sources[spec.source_rank]
+        plans.append((spec, source.node_rank, plan_sync(source, targets)))
+    return plans
+
+
+def print_sync_plans(plans: SyncPlans, out: TextIO) -> None:
+    """One table per weight sync: each target rank's group, rank, node and transport."""
+    for spec, node, targets in plans:
+        out.write(f"weight sync {spec.name}: {spec.source} rank {spec.source_rank} (node {node}) -> "
+                  f"{', '.join(spec.targets)}\n")
+        rows = [["target", "rank", "node", "transport"]]
+        rows += [[t.group, str(t.rank), str(t.node), t.transport] for t in targets]
+        table(rows, out)
+        out.write("\n")
+
+
+def sync_plans_json(plans: SyncPlans) -> dict[str, Any]:
+    return {spec.name: {"source": spec.source, "source_rank": spec.source_rank, "targets": list(spec.targets),
+                        "source_node": node, "plan": [dataclasses.asdict(t) for t in targets]}
+            for spec, node, targets in plans}

@@ -134,6 +134,39 @@ class TurnAddress:
 
 
 @dataclass(frozen=True)
+class GroupEntry:
+    """A running group as its executor lists it for other processes: ``launch_id`` is unique to this launch
+    (a group relaunched under its name gets a new one), ``placements`` and node ``addresses`` are in rank order."""
+
+    name: str
+    launch_id: str
+    placements: tuple[Placement, ...]
+    addresses: tuple[str, ...]
+
+
+class VersionBoard:
+    """The latest version of one weight sync and where its buckets lie; an executor subclasses it. It pickles.
+
+    :meth:`share` puts a buffer in the executor's object store (one copy on this node) and returns a reference
+    that pickles; :meth:`fetch` maps referenced buffers in another process (without a copy on the same node).
+    :meth:`post` makes a version the latest; :meth:`wait` blocks (no polling) until one at least
+    ``min_version`` is posted and returns ``(version, manifest)``, or raises ``TimeoutError``.
+    """
+
+    def post(self, version: int, manifest: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.post")
+
+    def wait(self, min_version: int, timeout: float | None) -> tuple[int, Any]:
+        raise NotImplementedError(f"{type(self).__name__}.wait")
+
+    def share(self, buffer: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.share")
+
+    def fetch(self, refs: Sequence[Any]) -> list[Any]:
+        raise NotImplementedError(f"{type(self).__name__}.fetch")
+
+
+@dataclass(frozen=True)
 class ChannelAddress:
     """Where a channel's host serves (a :class:`ChannelServer`) and how to reach it; it pickles.
 
@@ -193,6 +226,21 @@ class Executor:
         shares an accelerator there; ``turn()`` then costs nothing). An executor that starts groups whose
         placements share accelerators with other groups runs a :class:`TurnServer` on each such node."""
         return None
+    def find_group(self, name: str) -> GroupEntry | None:
+        """The running group called ``name`` (from any process of the cluster), or ``None``."""
+        raise NotImplementedError(f"{type(self).__name__}.find_group")
+
+    def kv_put(self, key: str, value: bytes) -> None:
+        """Store ``value`` under ``key`` in a small key-value store shared by the cluster's processes."""
+        raise NotImplementedError(f"{type(self).__name__}.kv_put")
+
+    def kv_wait(self, key: str, timeout: float) -> bytes:
+        """The value of ``key``, waiting up to ``timeout`` seconds for a process to store it (``TimeoutError``)."""
+        raise NotImplementedError(f"{type(self).__name__}.kv_wait")
+
+    def create_board(self, name: str, group: str, rank: int) -> VersionBoard:
+        """A new :class:`VersionBoard` for the weight sync ``name``, held on the node of ``group``'s ``rank``."""
+        raise NotImplementedError(f"{type(self).__name__}.create_board")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

@@ -74,6 +74,9 @@ class HardwareBackend:
 
     name: ClassVar[str] = ""
     kind: ClassVar[Kind] = "accelerator"
+    collective_backend: ClassVar[str] = "gloo"
+    """The torch.distributed backend for tensors on this hardware (``"nccl"`` for CUDA); optional, ``"gloo"``
+    (tensors in host memory) by default. Messaging between two workers uses it when both ends have it."""
 
     def detect(self, configs: Sequence[Mapping[str, Any]]) -> list[Device]:
         """Run on the node; return its devices, or ``[]`` (``NoDevices(reason)``) when there are none.

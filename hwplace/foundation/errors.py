@@ -162,8 +162,13 @@ class ChannelLost(HwplaceError, ConnectionError):
     """The process hosting a channel is gone (it died, or its node did); the channel's items are lost with it."""
 
 
+class WeightSyncError(HwplaceError):
+    """A weight sync failed: a bucket whose digest does not match (corrupted or partial), a rank that is not
+    the source or a target, or a state dict it cannot carry. The previous version stays the latest."""
+
+
 # Users meet these classes as hwplace.errors.X (and hwplace.X): tracebacks and pickles name that public module,
 # which re-exports them, rather than this layer's path.
 for _error in (HwplaceError, ConfigError, PlacementError, PluginError, WorkerError, ChannelClosed, ChannelEmpty,
-               ChannelFull, ChannelTimeout, ChannelLost, CallCancelled):
+               ChannelFull, ChannelTimeout, ChannelLost, CallCancelled, WeightSyncError):
     _error.__module__ = "hwplace.errors"

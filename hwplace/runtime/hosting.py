@@ -22,6 +22,7 @@ from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import WorkerError
 from hwplace.foundation.settings import read_log_level
 from hwplace.plugin.current import set_current_executor
+from hwplace.runtime.current import set_worker_context
 from hwplace.runtime.worker import Worker
 
 
@@ -81,6 +82,7 @@ def start_worker(
     loading or the constructor raises comes back as a :class:`RemoteFailure`.
     """
     os.environ.update(context.env)
+    set_worker_context(context)
     if context.executor:
         set_current_executor(context.executor)
     try:

@@ -14,6 +14,7 @@ from hwplace.channels.channel import Channel
 from hwplace.contracts.records import Placement, WorkerContext
 from hwplace.foundation.errors import HwplaceError
 from hwplace.runtime.group import GroupLauncher
+from hwplace.runtime.messaging import messenger
 from hwplace.runtime.turn_client import Turn, Turns
 
 
@@ -96,6 +97,21 @@ class Worker:
     def connect_channel(self, name: str) -> Channel:
         """The existing channel called ``name``; see :meth:`hwplace.Channel.connect`."""
         return Channel.connect(name)
+
+    def send(self, obj: Any, group: str, rank: int, async_op: bool = False) -> Any:
+        """Send ``obj`` (a tensor, an array or any picklable value) to worker ``rank`` of ``group``; see docs/rl.md.
+
+        Returns when it is sent, or at once with a handle (``wait()``) when ``async_op`` is true.
+        """
+        return messenger(self._context).pair(group, rank).send(obj, async_op)
+
+    def recv(self, group: str, rank: int, async_op: bool = False, timeout: float | None = None) -> Any:
+        """The next message from worker ``rank`` of ``group`` (in send order); ``TimeoutError`` after ``timeout``."""
+        return messenger(self._context).recv(group, rank, async_op, timeout)
+
+    def broadcast(self, obj: Any, src: tuple[str, int], groups: tuple[str, ...]) -> Any:
+        """``obj`` of the worker ``src`` (a (group, rank)), on every member of ``groups``; each of them calls it."""
+        return messenger(self._context).broadcast(obj, src, groups)
 
     def log_debug(self, message: str, *args: Any) -> None:
         self.logger.debug(message, *args)

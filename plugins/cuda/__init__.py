@@ -277,6 +277,7 @@ class CudaBackend(hwplace.HardwareBackend):
 
     name = "cuda"
     kind = "accelerator"
+    collective_backend = "nccl"
 
     def __init__(self, nvml: Any = None, environ: Mapping[str, str] | None = None) -> None:
         self._nvml = nvml

@@ -46,6 +46,7 @@ class NpuBackend(hwplace.HardwareBackend):
 
     name = "npu"
     kind = "accelerator"
+    collective_backend = "hccl"
 
     def __init__(
         self,

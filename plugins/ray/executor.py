@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import hwplace
 from hwplace import ClusterConfig, ConfigError, Node, Placement, PluginManager
-from hwplace.executor import ChannelAddress, GroupRequest, GroupRuntime, TurnAddress, detect_timeout
+from hwplace.executor import (
+    ChannelAddress,
+    GroupEntry,
+    GroupRequest,
+    GroupRuntime,
+    TurnAddress,
+    VersionBoard,
+    detect_timeout,
+)
 from hwplace_plugins.ray.ranks import RANK_VARIABLE, FoundNode, assign_ranks, nodes_table
 
 ACTOR_PREFIX = "hwplace.channel."
@@ -91,7 +99,13 @@ class RayExecutor(hwplace.Executor):
         """A Ray remote function or actor class of this plugin, made once per process."""
         if name not in self._remote:
             ray = import_ray()
-            from hwplace_plugins.ray import channel, probe, runtime, turns  # noqa: PLC0415 (import Ray: on first use)
+            from hwplace_plugins.ray import (  # noqa: PLC0415 (they import Ray: loaded on first use)
+                channel,
+                probe,
+                rendezvous,
+                runtime,
+                turns,
+            )
 
             made = {
                 "inspect_node": lambda: ray.remote(num_cpus=0, max_retries=0)(probe.inspect_node),
@@ -99,6 +113,7 @@ class RayExecutor(hwplace.Executor):
                 "host": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(runtime.WorkerHost),
                 "channel": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(channel.ChannelHost),
                 "turns": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(turns.TurnHost),
+                "board": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(rendezvous.BoardHost),
             }
             self._remote[name] = made[name]()
         return self._remote[name]
@@ -173,6 +188,9 @@ class RayExecutor(hwplace.Executor):
             self._groups[request.name] = runtime
         directory = json.dumps([spec.node.node_id for spec in request.workers]).encode()
         internal_kv()._internal_kv_put(f"group:{request.name}", directory, overwrite=True, namespace=kv_namespace())
+        workers = request.workers
+        rendezvous().put_entry(GroupEntry(request.name, os.urandom(8).hex(), tuple(s.placement for s in workers),
+                                          tuple(s.node.address for s in workers)))
         from hwplace_plugins.ray.turns import start_arbiters  # noqa: PLC0415 (imports Ray: loaded on first use)
 
         with self._lock:
@@ -189,6 +207,24 @@ class RayExecutor(hwplace.Executor):
         with self._lock:
             self._groups.pop(name, None)
         internal_kv()._internal_kv_del(f"group:{name}", namespace=kv_namespace())
+        rendezvous().delete_entry(name)
+
+    def find_group(self, name: str) -> GroupEntry | None:
+        return rendezvous().find_entry(name)  # type: ignore[no-any-return]
+
+    def kv_put(self, key: str, value: bytes) -> None:
+        rendezvous().kv_put(key, value)
+
+    def kv_wait(self, key: str, timeout: float) -> bytes:
+        return rendezvous().kv_wait(key, timeout)  # type: ignore[no-any-return]
+
+    def create_board(self, name: str, group: str, rank: int) -> VersionBoard:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415 (optional: Ray)
+
+        actor = self.remote("board").options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_of(group, rank), soft=False)).remote()
+        self._channels[f"board:{name}:{id(actor)}"] = actor  # kept, like channels, while this executor lives
+        return rendezvous().RayVersionBoard(name, actor)  # type: ignore[no-any-return]
 
     def create_channel(self, name: str, maxsize: int, group: str | None, rank: int) -> ChannelAddress:
         ray = import_ray()
@@ -245,6 +281,13 @@ def internal_kv() -> ModuleType:
     from ray.experimental import internal_kv  # noqa: PLC0415 (optional: Ray)
 
     return internal_kv
+
+
+def rendezvous() -> ModuleType:
+    """:mod:`hwplace_plugins.ray.rendezvous`, which imports Ray: loaded on first use."""
+    from hwplace_plugins.ray import rendezvous as module  # noqa: PLC0415 (imports Ray: loaded on first use)
+
+    return module
 
 
 def kv_namespace() -> str:

@@ -389,3 +389,32 @@ def test_plan_marks_components_that_share_accelerators(tmp_path) -> None:
     placements = json.loads(out)["components"]["rollout"]["placements"]
     assert placements[1]["shares"] == [{"node_rank": 0, "hardware_type": "fake-accelerator", "index": 1,
                                         "component": "trainer", "rank": 1}]
+
+
+WEIGHT_SYNC = """
+    cluster:
+      num_nodes: 2
+      component_placement: {trainer: "0-1", rollout: "0,2,4-5"}
+    weight_sync:
+      policy: {source: trainer, targets: [%s]}
+"""
+
+
+def test_plan_prints_the_weight_sync_plan(tmp_path: Path) -> None:
+    code, out, err = run("plan", write(tmp_path, WEIGHT_SYNC % "rollout"), "--nodes", "2x4")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    start = lines.index("weight sync policy: trainer rank 0 (node 0) -> rollout")
+    assert [line.split() for line in lines[start + 1 : start + 6]] == [
+        ["target", "rank", "node", "transport"], ["rollout", "0", "0", "shared-memory"],
+        ["rollout", "1", "0", "object-store"], ["rollout", "2", "1", "broadcast"], ["rollout", "3", "1", "broadcast"]]
+    code, out, _ = run("plan", write(tmp_path, WEIGHT_SYNC % "rollout"), "--nodes", "2x4", "--json")
+    assert [t["transport"] for t in json.loads(out)["weight_sync"]["policy"]["plan"]] == [
+        "shared-memory", "object-store", "broadcast", "broadcast"]
+
+
+def test_plan_refuses_a_weight_sync_naming_an_unknown_component(tmp_path: Path) -> None:
+    code, _, err = run("plan", write(tmp_path, WEIGHT_SYNC % "rolout"), "--nodes", "2x4")
+    assert code == 2
+    assert "weight_sync.policy.targets[0]: 'rolout' is not a component" in err
+    assert "did you mean 'rollout'?" in err

@@ -1,0 +1,251 @@
+"""Weight sync and messaging between workers, each against its baseline in the same run.
+
+One local two-node Ray cluster (``hwplace.testing.local_ray_cluster``), started once. All timings are taken on
+the driver: both sides' calls are started, then awaited; the clock runs from the start until all finished.
+State dicts are built once per size in the workers (four float32 tensors of a quarter of the size each), so no
+timing includes making them. Each figure is the median of ``--repeat`` runs, the systems taking turns.
+
+Weight sync of 1, 10 and 100 MB to two rollout ranks (the trainer's rank 0 publishes, both ranks wait for
+that version with ``latest(min_version=v)`` and read a value of it):
+- one node (trainer and both rollout ranks on node 0): against one ``ray.put`` of the same arrays in the trainer
+  plus a ``ray.get`` on each rank (target: at most 2x), and against relaying through the driver: the trainer
+  returns the arrays to the driver, which passes them to both ranks (target: hwplace at least 3x faster);
+- two nodes (trainer on node 0, both rollout ranks on node 1): against a bare gloo broadcast of the same bytes
+  (one flat uint8 tensor) between the same three processes (target: at most 1.3x).
+
+Messaging: 1 KiB tensors, ``send`` / ``recv`` between workers of two groups on node 0, 2000 messages, against the
+same hand-over through Ray actor calls (the sender awaits ``receiver.take.remote(item)`` for each; target:
+hwplace at least 5x the rate); a 64 MiB tensor from node 0 to node 1, 5 times, against a bare gloo
+``send``/``recv`` between the same processes (target: hwplace at least 0.7x the rate).
+
+Run: python benchmarks/rl_transfer.py [--repeat 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+import torch
+
+import hwplace
+from hwplace.runtime.communicator import connect, find_entry
+from hwplace.testing import local_ray_cluster
+
+MB = 10**6
+
+
+def state_dict(megabytes: int) -> dict[str, torch.Tensor]:
+    count = megabytes * MB // 16
+    return {f"layer{i}.weight": torch.full((count,), float(i)) for i in range(4)}
+
+
+class Bench(hwplace.Worker):
+    def __init__(self) -> None:
+        self.states: dict[int, dict[str, torch.Tensor]] = {}
+        self.pg: Any = None
+
+    def prepare(self, megabytes: int) -> None:
+        self.states[megabytes] = state_dict(megabytes)
+
+    def publish(self, sync: hwplace.WeightSync, megabytes: int) -> int:
+        return sync.publish(self.states[megabytes])
+
+    def wait_version(self, sync: hwplace.WeightSync, version: int) -> int:
+        weights = sync.latest(min_version=version, timeout=300)
+        return int(float(weights.tensors["layer3.weight"][-1]))
+
+    def put(self, megabytes: int) -> list[Any]:
+        return [ray.put({k: v.numpy() for k, v in self.states[megabytes].items()})]
+
+    def get(self, refs: list[Any]) -> int:
+        return int(ray.get(refs[0])["layer3.weight"][-1])
+
+    def arrays(self, megabytes: int) -> dict[str, Any]:
+        return {k: v.numpy() for k, v in self.states[megabytes].items()}
+
+    def take(self, arrays: dict[str, Any]) -> int:
+        return int(arrays["layer3.weight"][-1])
+
+    def bare_connect(self, key: str, members: list[tuple[str, int]]) -> None:
+        entry = find_entry(hwplace.executor.current_executor(), self.group_name)
+        index = members.index((self.group_name, self.rank))
+        self.pg = connect(hwplace.executor.current_executor(), key, members, index, entry.addresses[self.rank],
+                          None).gloo
+
+    def bare_broadcast(self, nbytes: int) -> int:
+        tensor = torch.full((nbytes,), 3, dtype=torch.uint8) if self.group_name == "trainer" else \
+            torch.empty(nbytes, dtype=torch.uint8)
+        self.pg.broadcast(tensor, 0).wait()
+        return int(tensor[-1])
+
+    def bare_send(self, nbytes: int, count: int) -> None:
+        tensor = torch.ones(nbytes, dtype=torch.uint8)
+        for _ in range(count):
+            self.pg.send([tensor], 1, 0).wait()
+
+    def bare_recv(self, nbytes: int, count: int) -> None:
+        tensor = torch.empty(nbytes, dtype=torch.uint8)
+        for _ in range(count):
+            self.pg.recv([tensor], 0, 0).wait()
+
+    def send_many(self, group: str, rank: int, nbytes: int, count: int) -> None:
+        tensor = torch.ones(nbytes, dtype=torch.uint8)
+        for _ in range(count):
+            self.send(tensor, group, rank)
+
+    def recv_many(self, group: str, rank: int, count: int) -> None:
+        for _ in range(count):
+            self.recv(group, rank, timeout=300)
+
+
+@ray.remote(num_cpus=0)
+class RaySink:
+    def take(self, item: Any) -> None:
+        self.last = item
+
+
+@ray.remote(num_cpus=0)
+class RaySource:
+    def run(self, sink: Any, nbytes: int, count: int) -> None:
+        item = torch.ones(nbytes, dtype=torch.uint8)
+        for _ in range(count):
+            ray.get(sink.take.remote(item))
+
+
+def timed(start: Callable[[], list[Any]]) -> float:
+    begin = time.perf_counter()
+    for handle in start():
+        handle.wait(timeout=600) if hasattr(handle, "wait") else ray.get(handle, timeout=600)
+    return time.perf_counter() - begin
+
+
+def median(runs: list[float]) -> float:
+    return statistics.median(runs)
+
+
+def weight_sync_rows(cluster: hwplace.Cluster, nodes: list[int], sizes: list[int], repeat: int,
+                     baselines: list[str]) -> None:
+    trainer = Bench.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="trainer")
+    rollout = Bench.create_group().launch(cluster, hwplace.NodePlacementStrategy(nodes), name="rollout")
+    sync = hwplace.WeightSync.create(f"bench-{nodes[0]}", source="trainer", targets=("rollout",))
+    members = [("trainer", 0), ("rollout", 0), ("rollout", 1)]
+    if "gloo broadcast" in baselines:
+        key = f"bench-bcast-{time.time_ns()}"
+        handles = [trainer.bare_connect(key, members), rollout.bare_connect(key, members)]
+        for h in handles:
+            h.wait(timeout=120)
+    where = "one node" if nodes[0] == 0 else "two nodes"
+    print(f"weight sync to two rollout ranks, {where}: {', '.join(sync.plan[i].transport for i in range(2))}")
+    print(f"  {'MB':>4}  {'hwplace s':>10}  " + "  ".join(f"{b + ' s':>16}  {'ratio':>6}" for b in baselines))
+    version = 0
+    for megabytes in sizes:
+        for group in (trainer, rollout):
+            group.prepare(megabytes).wait(timeout=120)
+        runs: dict[str, list[float]] = {"hwplace": [], **{b: [] for b in baselines}}
+        for attempt in range(repeat + 1):  # the first round warms every path up and is not counted
+            version += 1
+            v = version
+
+            def ours(v: int = v, mb: int = megabytes) -> list[Any]:
+                waiting = rollout.wait_version(sync, v)
+                return [trainer.publish(sync, mb), waiting]
+
+            def put_get(mb: int = megabytes) -> list[Any]:
+                [refs] = trainer.put(mb).wait(timeout=120)
+                return [rollout.get(refs)]
+
+            def relay(mb: int = megabytes) -> list[Any]:
+                [arrays] = trainer.arrays(mb).wait(timeout=120)
+                return [rollout.take(arrays)]
+
+            def bcast(mb: int = megabytes) -> list[Any]:
+                nbytes = mb * MB
+                return [rollout.bare_broadcast(nbytes), trainer.bare_broadcast(nbytes)]
+
+            chosen = {"ray.put + get": put_get, "driver relay": relay, "gloo broadcast": bcast}
+            order = ["hwplace", *baselines] if attempt % 2 else [*baselines, "hwplace"]
+            for system in order:
+                seconds = timed(ours if system == "hwplace" else chosen[system])
+                if attempt:
+                    runs[system].append(seconds)
+        mine = median(runs["hwplace"])
+        cells = "  ".join(f"{median(runs[b]):>16.4f}  {mine / median(runs[b]):>6.2f}" for b in baselines)
+        print(f"  {megabytes:>4}  {mine:>10.4f}  {cells}")
+    print("  ratio: hwplace's time over the baseline's\n")
+    trainer.shutdown()
+    rollout.shutdown()
+
+
+def messaging_rows(cluster: hwplace.Cluster, repeat: int, count: int) -> None:
+    sender = Bench.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="sender")
+    receiver = Bench.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="receiver")
+    node0 = next(n.node_id for n in cluster.nodes if n.rank == 0)
+    affinity = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node0, soft=False)
+    sink = RaySink.options(scheduling_strategy=affinity).remote()
+    source = RaySource.options(scheduling_strategy=affinity).remote()
+    runs: dict[str, list[float]] = {"hwplace": [], "ray actor calls": []}
+    for attempt in range(repeat + 1):
+        def ours() -> list[Any]:
+            waiting = receiver.recv_many("sender", 0, count)
+            return [sender.send_many("receiver", 0, 1024, count), waiting]
+
+        for system in (["hwplace", "ray actor calls"] if attempt % 2 else ["ray actor calls", "hwplace"]):
+            seconds = timed(ours if system == "hwplace" else lambda: [source.run.remote(sink, 1024, count)])
+            if attempt:
+                runs[system].append(seconds)
+    rate = {k: count / median(v) for k, v in runs.items()}
+    print(f"send/recv of 1 KiB tensors between two groups on one node, {count} messages")
+    print(f"  hwplace {rate['hwplace']:>9.0f} msg/s   ray actor calls {rate['ray actor calls']:>9.0f} msg/s   "
+          f"ratio {rate['hwplace'] / rate['ray actor calls']:.1f}x\n")
+    sender.shutdown()
+    receiver.shutdown()
+
+    sender = Bench.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="sender")
+    receiver = Bench.create_group().launch(cluster, hwplace.NodePlacementStrategy([1]), name="receiver")
+    key = f"bench-pair-{time.time_ns()}"
+    members = [("sender", 0), ("receiver", 0)]
+    for h in [sender.bare_connect(key, members), receiver.bare_connect(key, members)]:
+        h.wait(timeout=120)
+    nbytes, times = 64 * 2**20, 5
+    runs = {"hwplace": [], "gloo send/recv": []}
+    for attempt in range(repeat + 1):
+        def ours_big() -> list[Any]:
+            waiting = receiver.recv_many("sender", 0, times)
+            return [sender.send_many("receiver", 0, nbytes, times), waiting]
+
+        def bare() -> list[Any]:
+            waiting = receiver.bare_recv(nbytes, times)
+            return [sender.bare_send(nbytes, times), waiting]
+
+        for system in (["hwplace", "gloo send/recv"] if attempt % 2 else ["gloo send/recv", "hwplace"]):
+            seconds = timed(ours_big if system == "hwplace" else bare)
+            if attempt:
+                runs[system].append(seconds)
+    mib = {k: times * 64 / median(v) for k, v in runs.items()}
+    print(f"a 64 MiB tensor from node 0 to node 1, {times} times")
+    print(f"  hwplace {mib['hwplace']:>7.0f} MiB/s   gloo send/recv {mib['gloo send/recv']:>7.0f} MiB/s   "
+          f"ratio {mib['hwplace'] / mib['gloo send/recv']:.2f}x\n")
+    sender.shutdown()
+    receiver.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="1 and 10 MB only, fewer messages")
+    args = parser.parse_args()
+    sizes = [1, 10] if args.quick else [1, 10, 100]
+    with local_ray_cluster(num_nodes=2):
+        cluster = hwplace.Cluster({"num_nodes": 2})
+        weight_sync_rows(cluster, [0, 0], sizes, args.repeat, ["ray.put + get", "driver relay"])
+        weight_sync_rows(cluster, [1, 1], sizes, args.repeat, ["gloo broadcast"])
+        messaging_rows(cluster, args.repeat, 500 if args.quick else 2000)
+
+
+if __name__ == "__main__":
+    main()

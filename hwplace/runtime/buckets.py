@@ -1,0 +1,148 @@
+"""Weights in buckets: the layout of a state dict's tensors in buckets of bounded size, and a digest per bucket.
+
+A state dict travels as buckets (flat byte buffers of at most ``bucket_bytes``, or one tensor alone when it is
+larger), so sending a large model never needs a second full copy of it in flight; each bucket carries a
+SHA-256 digest (hardware-accelerated on current CPUs: measured twice as fast as blake2b here) that the receiver
+checks before a version becomes visible. :func:`layout` and :func:`digest` are pure; packing needs numpy
+(always there with torch or Ray). Imports the foundation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hwplace.foundation.errors import WeightSyncError
+from hwplace.foundation.wording import safe_repr
+
+DEFAULT_BUCKET_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where one tensor of a state dict lies: its bucket, offset and size in bytes, and how to rebuild it."""
+
+    name: str
+    kind: str  # "torch" or "numpy"
+    dtype: str
+    shape: tuple[int, ...]
+    bucket: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Weights:
+    """One version of the source's weights, as a target got them: ``version`` and read-only ``tensors``."""
+
+    version: int
+    tensors: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a version is made of: the entries, each bucket's digest, and the buckets' object-store references."""
+
+    version: int
+    entries: tuple[Entry, ...]
+    digests: tuple[str, ...]
+    refs: tuple[Any, ...]
+
+
+def layout(sizes: Sequence[int], bucket_bytes: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Each size's ``(bucket, offset)`` and each bucket's size, filling buckets in order up to ``bucket_bytes``.
+
+    A size above ``bucket_bytes`` gets a bucket of its own; no bucket is empty unless every size is 0.
+    """
+    if bucket_bytes <= 0:
+        raise WeightSyncError(f"bucket_bytes must be above 0, got {bucket_bytes}")
+    places: list[tuple[int, int]] = []
+    buckets: list[int] = []
+    for size in sizes:
+        if not buckets or (buckets[-1] > 0 and buckets[-1] + size > bucket_bytes):
+            buckets.append(0)
+        places.append((len(buckets) - 1, buckets[-1]))
+        buckets[-1] += size
+    return places, buckets
+
+
+def digest(buffer: Any) -> str:
+    """The digest of one bucket's bytes (anything with the buffer protocol)."""
+    return hashlib.sha256(memoryview(buffer).cast("B")).hexdigest()
+
+
+def flat_bytes(name: str, value: Any) -> tuple[str, str, tuple[int, ...], Any]:
+    """``(kind, dtype, shape, uint8 array)`` of a tensor (moved to host memory) or a numpy array, without a copy
+    where it is already contiguous in host memory."""
+    import numpy as np  # noqa: PLC0415 (optional: numpy, installed with torch and Ray)
+
+    if isinstance(value, np.ndarray):
+        array = np.ascontiguousarray(value)
+        return "numpy", array.dtype.str, tuple(array.shape), array.reshape(-1).view(np.uint8)
+    if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
+        import torch  # noqa: PLC0415 (optional: torch)
+
+        tensor = value.detach().cpu().contiguous()
+        flat = tensor.reshape(-1).view(torch.uint8)
+        return "torch", str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), flat.numpy()
+    raise WeightSyncError(f"state dict entry {name!r} is {safe_repr(value)}; a weight sync carries torch tensors "
+                          "and numpy arrays")
+
+
+def pack(state_dict: Mapping[str, Any], bucket_bytes: int) -> tuple[list[Entry], Iterator[tuple[Any, str]]]:
+    """The entries of ``state_dict`` and an iterator over its buckets with their digests, filled one at a time."""
+    import numpy as np  # noqa: PLC0415 (optional: numpy, installed with torch and Ray)
+
+    if not isinstance(state_dict, Mapping):
+        raise WeightSyncError(f"publish takes a mapping of names to tensors, got {safe_repr(state_dict)}")
+    flats = [(str(name), *flat_bytes(str(name), value)) for name, value in state_dict.items()]
+    places, sizes = layout([f[4].nbytes for f in flats], bucket_bytes)
+    entries = [Entry(name, kind, dtype, shape, b, off, flat.nbytes)
+               for (name, kind, dtype, shape, flat), (b, off) in zip(flats, places, strict=True)]
+
+    def buckets() -> Iterator[tuple[Any, str]]:
+        start = 0
+        for index, size in enumerate(sizes):
+            bucket = np.empty(size, dtype=np.uint8)
+            while start < len(entries) and entries[start].bucket == index:
+                entry = entries[start]
+                bucket[entry.offset : entry.offset + entry.nbytes] = flats[start][4]
+                start += 1
+            yield bucket, digest(bucket)
+
+    return entries, buckets()
+
+
+def check(buckets: Sequence[Any], digests: Sequence[str], what: str) -> None:
+    """Raise :class:`WeightSyncError` unless every bucket has its digest and its announced size."""
+    if len(buckets) != len(digests):
+        raise WeightSyncError(f"{what}: {len(buckets)} of {len(digests)} buckets arrived")
+    for index, (bucket, expected) in enumerate(zip(buckets, digests, strict=True)):
+        if digest(bucket) != expected:
+            raise WeightSyncError(f"{what}: bucket {index} of {len(digests)} does not match its digest (corrupted "
+                                  "or partial); the previous version stays the latest")
+
+
+def unpack(entries: Sequence[Entry], buckets: Sequence[Any]) -> dict[str, Any]:
+    """The state dict back from checked buckets: views into them (no copy), torch tensors or numpy arrays."""
+    import numpy as np  # noqa: PLC0415 (optional: numpy, installed with torch and Ray)
+
+    out: dict[str, Any] = {}
+    torch: Any = None
+    for entry in entries:
+        raw = np.asarray(buckets[entry.bucket])[entry.offset : entry.offset + entry.nbytes]
+        if entry.kind == "numpy":
+            out[entry.name] = raw.view(np.dtype(entry.dtype)).reshape(entry.shape)
+            continue
+        if torch is None:
+            import torch as torch_module  # noqa: PLC0415 (optional: torch)
+
+            torch = torch_module
+        with warnings.catch_warnings():  # object-store buffers are read-only; the tensors are only read
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.from_numpy(raw) if raw.size else torch.empty(0, dtype=torch.uint8)
+        out[entry.name] = flat.view(getattr(torch, entry.dtype)).reshape(entry.shape)
+    return out

@@ -1,0 +1,123 @@
+"""Communicators between a few workers, built from hwplace's own group entries, and the frames messages travel in.
+
+A communicator is a torch.distributed process group of just its members, made without
+``init_process_group``: the first member hosts a ``TCPStore`` (on a free port of its node) and publishes its
+address through the executor's key-value store; the others connect and all build a ``ProcessGroupGloo`` on a
+``PrefixStore`` over it. A member whose accelerator backend names another collective backend (``nccl``)
+gets a second process group of that backend, for tensors on its device, when every member has it.
+
+A frame is a fixed header (an int64 tensor: kind, byte count, dtype, shape) followed by the payload: a tensor's
+own bytes, or a pickle as a uint8 tensor. Imports the layers below; torch is imported on first use.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hwplace.contracts.executor import Executor, GroupEntry
+from hwplace.foundation.errors import ConfigError
+
+CONNECT_TIMEOUT = 300.0  # seconds the members of a new communicator have to meet
+HEADER = 16  # int64 slots of a frame's header: kind, byte count, dtype code, ndim, up to 12 dims
+MAX_DIMS = HEADER - 4
+PICKLED, TENSOR, DEVICE_TENSOR = 0, 1, 2
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool",
+          "complex64", "complex128", "uint16", "uint32", "uint64")
+
+Member = tuple[str, int]  # (group, rank)
+
+
+def torch_module() -> Any:
+    try:
+        import torch  # noqa: PLC0415 (optional: torch)
+    except ImportError as exc:
+        raise ConfigError("torch", f"messaging and weight sync need torch ({exc})",
+                          allowed="pip install 'hwplace[torch]'") from None
+    return torch
+
+
+def find_entry(executor: Executor, group: str) -> GroupEntry:
+    """The running group ``group``; ``ConfigError`` when there is none."""
+    entry = executor.find_group(group)
+    if entry is None:
+        raise ConfigError("group", f"there is no running worker group named {group!r}",
+                          allowed="the name a group of this cluster was launched under")
+    return entry
+
+
+def check_member(entry: GroupEntry, rank: object, what: str) -> int:
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(entry.placements):
+        raise ConfigError(what, f"group {entry.name!r} has ranks 0-{len(entry.placements) - 1}", value=rank)
+    return rank
+
+
+@dataclass
+class Communicator:
+    """A process group of ``members`` (in their order); ``index`` is this process's place among them."""
+
+    members: tuple[Member, ...]
+    index: int
+    gloo: Any
+    device: Any = None  # the accelerator's process group (nccl, hccl), when every member has one
+    keep: list[Any] = field(default_factory=list)  # the stores: alive as long as the groups
+
+
+def connect(executor: Executor, key: str, members: Sequence[Member], index: int, address: str,
+            device_backend: str | None, timeout: float = CONNECT_TIMEOUT) -> Communicator:
+    """Build the communicator ``key`` of ``members`` (blocks until every member has joined, up to ``timeout``)."""
+    torch = torch_module()
+    dist = torch.distributed
+    delta = datetime.timedelta(seconds=timeout)
+    if index == 0:
+        store = dist.TCPStore(address, 0, None, True, timeout=delta, wait_for_workers=False)
+        executor.kv_put(key, f"{address}:{store.port}".encode())
+    else:
+        host, _, port = executor.kv_wait(key, timeout).decode().rpartition(":")
+        store = dist.TCPStore(host, int(port), None, False, timeout=delta)
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+    options._timeout = datetime.timedelta(days=1)  # no deadline on a message: a dead peer is seen at once
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore(f"{key}/gloo/", store), index, len(members), options)
+    device = None
+    if device_backend == "nccl":
+        device = dist.ProcessGroupNCCL(dist.PrefixStore(f"{key}/nccl/", store), index, len(members))
+    return Communicator(tuple(members), index, gloo, device, [store])
+
+
+def encode(obj: Any, device_ok: bool) -> tuple[Any, Any]:
+    """The header and payload of ``obj``: a tensor's bytes (on its device where ``device_ok``), or a pickle."""
+    torch = torch_module()
+    header = torch.zeros(HEADER, dtype=torch.int64)
+    dtype = str(obj.dtype).removeprefix("torch.") if isinstance(obj, torch.Tensor) else ""
+    if isinstance(obj, torch.Tensor) and dtype in DTYPES and obj.dim() <= MAX_DIMS:
+        on_device = obj.device.type != "cpu"
+        tensor = obj.detach() if (on_device and device_ok) else obj.detach().cpu()
+        payload = tensor.contiguous().reshape(-1).view(torch.uint8)
+        header[0] = DEVICE_TENSOR if (on_device and device_ok) else TENSOR
+        header[2], header[3] = DTYPES.index(dtype), obj.dim()
+        header[4 : 4 + obj.dim()] = torch.tensor(obj.shape, dtype=torch.int64)
+    else:
+        data = pickle.dumps(obj, protocol=5)
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
+        header[0] = PICKLED
+    header[1] = payload.numel()
+    return header, payload
+
+
+def empty_payload(header: Any, device: Any = None) -> Any:
+    """A buffer for the payload a header announces."""
+    torch = torch_module()
+    return torch.empty(int(header[1]), dtype=torch.uint8, device=device)
+
+
+def decode(header: Any, payload: Any) -> Any:
+    torch = torch_module()
+    if int(header[0]) == PICKLED:
+        return pickle.loads(payload.numpy().tobytes())
+    dtype = getattr(torch, DTYPES[int(header[2])])
+    shape = [int(d) for d in header[4 : 4 + int(header[3])]]
+    return payload.view(dtype).reshape(shape)

@@ -1,0 +1,134 @@
+"""Messaging between workers of two groups on a real two-node Ray cluster (CPU tensors, gloo): order per pair,
+pickled values, dtypes and shapes, broadcast over two groups, timeouts, a peer killed during a recv."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hwplace
+from hwplace.pytest_plugin import LocalRay
+
+ray = pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.time_limit(120)
+
+
+class Talker(hwplace.Worker):
+    def send_all(self, items: list[Any], group: str, rank: int, async_op: bool = False) -> int:
+        handles = [self.send(item, group, rank, async_op=async_op) for item in items]
+        for handle in handles:
+            if async_op:
+                assert handle.wait(timeout=30) is None
+        return len(items)
+
+    def recv_all(self, count: int, group: str, rank: int, async_op: bool = False) -> list[Any]:
+        if async_op:
+            handles = [self.recv(group, rank, async_op=True) for _ in range(count)]
+            return [handle.wait(timeout=30) for handle in handles]
+        return [self.recv(group, rank, timeout=30) for _ in range(count)]
+
+    def recv_with_timeout(self, group: str, rank: int, timeout: float) -> str:
+        try:
+            return f"got {self.recv(group, rank, timeout=timeout)!r}"
+        except TimeoutError as exc:
+            return f"TimeoutError: {exc}"
+
+    def recv_error(self, group: str, rank: int) -> str:
+        try:
+            return f"got {self.recv(group, rank, timeout=60)!r}"
+        except hwplace.WorkerError as exc:
+            return f"WorkerError group={exc.group} rank={exc.rank} node={exc.node_rank}: {exc}"
+
+    def share(self, value: Any, src: tuple[str, int]) -> Any:
+        return self.broadcast(value if (self.group_name, self.rank) == tuple(src) else None, src=src,
+                              groups=("trainer", "rollout"))
+
+    def die(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def groups(hwplace_local_ray: LocalRay):
+    cluster = hwplace.Cluster({"num_nodes": 2})
+    trainer = Talker.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 1]), name="trainer")
+    rollout = Talker.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 1]), name="rollout")
+    yield cluster, trainer, rollout
+    trainer.shutdown()
+    rollout.shutdown()
+
+
+def test_messages_keep_their_order_types_dtypes_and_shapes_across_nodes(groups) -> None:
+    _, trainer, rollout = groups
+    items: list[Any] = [torch.arange(6, dtype=torch.float16).reshape(2, 3), {"step": 3, "text": "hi"},
+                        torch.ones(2, 2, dtype=torch.bfloat16), torch.tensor(7), torch.zeros(0, 4, dtype=torch.int64),
+                        np.arange(5, dtype=np.int32), None, *range(40)]
+    got = rollout.execute_on(1).recv_all(len(items), "trainer", 0)  # trainer 0 is on node 0, rollout 1 on node 1
+    assert trainer.execute_on(0).send_all(items, "rollout", 1).wait(timeout=60) == [len(items)]
+    received = got.wait(timeout=60)[0]
+    for sent, came in zip(items, received, strict=True):
+        if isinstance(sent, torch.Tensor):
+            assert (came.dtype, came.shape) == (sent.dtype, sent.shape)
+            assert torch.equal(came, sent)
+        elif isinstance(sent, np.ndarray):
+            assert came.dtype == sent.dtype
+            assert (came == sent).all()
+        else:
+            assert came == sent
+
+
+def test_async_handles_and_both_directions_on_one_node(groups) -> None:
+    _, trainer, rollout = groups
+    got = trainer.execute_on(0).recv_all(20, "rollout", 0, async_op=True)
+    assert rollout.execute_on(0).send_all(list(range(20)), "trainer", 0, async_op=True).wait(timeout=60) == [20]
+    assert got.wait(timeout=60) == [list(range(20))]
+
+
+def test_broadcast_over_two_groups_and_two_nodes(groups) -> None:
+    _, trainer, rollout = groups
+    payload = torch.arange(1000, dtype=torch.float64)
+    src = ("rollout", 1)
+    handles = [trainer.share(payload, src), rollout.share(payload, src)]
+    results = [r for h in handles for r in h.wait(timeout=60)]
+    assert len(results) == 4
+    assert all(torch.equal(r, payload) for r in results)
+    # and again, with a pickled value from a trainer: the communicator is reused
+    handles = [trainer.share({"v": 2}, ("trainer", 0)), rollout.share({"v": 2}, ("trainer", 0))]
+    assert [r for h in handles for r in h.wait(timeout=60)] == [{"v": 2}] * 4
+
+
+def test_recv_times_out_and_loses_nothing(groups) -> None:
+    _, trainer, rollout = groups
+    [answer] = rollout.execute_on(0).recv_with_timeout("trainer", 1, 0.5).wait(timeout=60)
+    assert answer.startswith("TimeoutError")
+    assert "'trainer' rank 1" in answer
+    trainer.execute_on(1).send_all(["late"], "rollout", 0).wait(timeout=60)
+    assert rollout.execute_on(0).recv_with_timeout("trainer", 1, 30).wait(timeout=60) == ["got 'late'"]
+
+
+def test_bad_peers_are_errors_naming_them(groups) -> None:
+    _, trainer, _ = groups
+    for args, expected in ((("rollout", 5), "ranks 0-1"), (("nobody", 0), "no running worker group named 'nobody'"),
+                           (("trainer", 0), "is this worker")):
+        with pytest.raises(hwplace.WorkerError, match=expected):
+            trainer.execute_on(0).recv_with_timeout(*args, 1).wait(timeout=60)
+
+
+def test_a_peer_killed_during_a_recv_is_a_worker_error_naming_it(groups) -> None:
+    cluster, _, rollout = groups
+    victim = Talker.create_group().launch(cluster, hwplace.NodePlacementStrategy([1]), name="victim")
+    try:
+        waiting = rollout.execute_on(0).recv_all(1, "victim", 0)
+        victim.send_all(["hello"], "rollout", 0).wait(timeout=60)  # the pair is connected
+        assert waiting.wait(timeout=60) == [["hello"]]
+        waiting = rollout.execute_on(0).recv_error("victim", 0)
+        victim.die()
+        [answer] = waiting.wait(timeout=60)
+        assert answer.startswith("WorkerError group=victim rank=0 node=1"), answer
+        assert "died" in answer
+    finally:
+        victim.shutdown()

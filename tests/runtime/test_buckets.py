@@ -1,0 +1,59 @@
+"""Buckets and digests of a weight sync (no Ray): layout, a round trip, a flipped byte caught."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import hwplace
+from hwplace.runtime.buckets import check, layout, pack, unpack
+
+torch = pytest.importorskip("torch")
+
+
+@given(st.lists(st.integers(0, 100), max_size=30), st.integers(1, 120))
+def test_layout_fills_buckets_in_order_without_overflow(sizes: list[int], bucket_bytes: int) -> None:
+    places, buckets = layout(sizes, bucket_bytes)
+    assert len(places) == len(sizes)
+    assert sum(buckets) == sum(sizes)
+    assert [b for b, _ in places] == sorted(b for b, _ in places)  # in order
+    for bucket, total in enumerate(buckets):
+        members = [s for s, (b, _) in zip(sizes, places, strict=True) if b == bucket]
+        assert total <= bucket_bytes or len([m for m in members if m]) == 1  # only a big tensor overflows, alone
+    for size, (bucket, offset) in zip(sizes, places, strict=True):
+        assert offset + size <= buckets[bucket]
+
+
+def test_a_state_dict_round_trips_with_dtypes_and_shapes() -> None:
+    state = {"a": torch.arange(12, dtype=torch.float32).reshape(3, 4), "b": torch.ones(5, dtype=torch.bfloat16),
+             "c": np.arange(7, dtype=np.int16), "d": torch.tensor(3), "e": torch.zeros(0, 2)}
+    entries, buckets = pack(state, bucket_bytes=32)
+    pairs = list(buckets)
+    assert len(pairs) == 2  # a: 48 bytes alone; b, c, d: 10 + 14 + 8
+    check([b for b, _ in pairs], [d for _, d in pairs], "test")
+    out = unpack(entries, [b for b, _ in pairs])
+    for name, value in state.items():
+        if isinstance(value, np.ndarray):
+            assert out[name].dtype == value.dtype
+            assert (out[name] == value).all()
+        else:
+            assert (out[name].dtype, out[name].shape) == (value.dtype, value.shape)
+            assert torch.equal(out[name], value)
+
+
+def test_a_flipped_byte_or_a_missing_bucket_is_a_weight_sync_error() -> None:
+    _, buckets = pack({str(i): torch.ones(16) for i in range(4)}, bucket_bytes=64)
+    pairs = list(buckets)
+    corrupted = pairs[1][0].copy()
+    corrupted[0] ^= 1
+    with pytest.raises(hwplace.WeightSyncError, match="bucket 1 of 4 does not match its digest"):
+        check([pairs[0][0], corrupted, pairs[2][0], pairs[3][0]], [d for _, d in pairs], "v")
+    with pytest.raises(hwplace.WeightSyncError, match="3 of 4 buckets arrived"):
+        check([b for b, _ in pairs[:3]], [d for _, d in pairs], "v")
+
+
+def test_what_a_sync_cannot_carry_is_named() -> None:
+    with pytest.raises(hwplace.WeightSyncError, match="entry 'x' is 'text'"):
+        pack({"x": "text"}, 64)
