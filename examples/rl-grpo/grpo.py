@@ -74,6 +74,7 @@ class Rollout(hwplace.Worker):
 
     def __init__(self, settings: dict[str, Any]) -> None:
         torch.set_num_threads(1)
+        self.settings = settings
         self.task = task_of(settings)
         self.group = settings["group_size"]
         self.batch = settings["prompts_per_batch"]
@@ -84,30 +85,37 @@ class Rollout(hwplace.Worker):
         self.turns: list[tuple[float, float]] = []
         self.swaps = 0
 
-    def offload(self) -> None:  # another group waits for this accelerator: move the policy to the stash
+    def offload(self) -> None:  # a trainer waits for this accelerator: move the policy to the stash
         assert self.policy is not None
         self.stash = {k: v.clone() for k, v in self.policy.state_dict().items()}
         self.policy = None
         self.swaps += 1
 
-    def onload(self) -> None:  # back from the stash after another group's turn
-        if self.policy is None and self.stash is not None:
-            self.policy = rl.Policy(self.task.max_len)
-            self.policy.load_state_dict(self.stash)
-            self.stash = None
+    def onload(self) -> None:  # back from the stash after the trainer's turn
+        assert self.stash is not None
+        self.policy = rl.Policy(self.task.max_len)
+        self.policy.load_state_dict(self.stash)
+        self.stash = None
 
     def generate(self, sync: hwplace.WeightSync, prompts: hwplace.Channel, answers: hwplace.Channel,
                  seed: int) -> dict[str, Any]:
         generator = torch.Generator().manual_seed(seed * 1000 + self.rank)
-        made = 0
+        # This rank's share of what the trainers take per version, with a margin: once it has made that much
+        # with one version, it waits for the next rather than make experience the trainers would discard.
+        share = 1.2 * self.settings["tokens_per_rank"] * self.settings["trainer_ranks"] / self.world_size
+        made = made_tokens = waits = 0
         busy = sync_seconds = 0.0
         try:
             while True:
+                if made_tokens >= share:
+                    try:
+                        sync.latest(min_version=self.version + 1, timeout=2.0)
+                    except TimeoutError:  # the trainers want more of this version than the share: go on
+                        waits += 1
                 batch = [prompts.get(timeout=60)]
                 batch += [prompts.get_nowait() for _ in range(self.batch - 1) if not prompts.empty()]
-                with self.turn():
+                with self.turn():  # colocated with a trainer rank: hwplace calls offload/onload around turns
                     entered = time.monotonic()
-                    self.onload()
                     weights = sync.latest(min_version=max(self.version, 1), timeout=60)
                     if weights.version > self.version:  # apply the new version before this batch
                         start = time.perf_counter()
@@ -115,6 +123,7 @@ class Rollout(hwplace.Worker):
                         self.policy.load_state_dict({k: torch.as_tensor(v) for k, v in weights.tensors.items()})
                         self.version = weights.version
                         self.applied.append(weights.version)
+                        made_tokens = 0
                         sync_seconds += time.perf_counter() - start
                     assert self.policy is not None
                     repeated = [p for p in batch for _ in range(self.group)]
@@ -125,6 +134,7 @@ class Rollout(hwplace.Worker):
                     part = slice(i * self.group, (i + 1) * self.group)
                     answers.put({"prompt": prompt, "answers": sampled[part], "logps": logps[part],
                                  "version": self.version})
+                    made_tokens += sum(len(prompt) + len(a) for a in sampled[part])
                     made += 1
         except hwplace.ChannelClosed:
             return {"groups": made, "busy": busy, "sync_seconds": sync_seconds, "applied": self.applied,
@@ -169,6 +179,7 @@ class Trainer(hwplace.Worker):
         for param in self.params:
             dist.broadcast(param.data, src=0)
         self.optimizer = torch.optim.Adam(self.params, lr=settings["learning_rate"])
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.params)
         self.stash: dict[str, Any] | None = None
         self.turns: list[tuple[float, float]] = []
         self.swaps = 0
@@ -182,14 +193,17 @@ class Trainer(hwplace.Worker):
         self.version = sync.publish(self.policy.state_dict()) if self.rank == 0 else 1
         return self.version
 
-    def offload(self) -> None:  # a rollout waits for this accelerator: move weights and optimizer to the stash
+    def offload(self) -> None:  # a rollout waits for this accelerator: move the weights to the stash
         self.stash = {"policy": {k: v.clone() for k, v in self.policy.state_dict().items()}}
+        for param in self.params:
+            param.data = param.data.new_empty(0)  # what a GPU would free
         self.swaps += 1
 
-    def onload(self) -> None:
-        if self.stash is not None:
-            self.policy.load_state_dict(self.stash["policy"])
-            self.stash = None
+    def onload(self) -> None:  # back from the stash after the rollout's turn
+        assert self.stash is not None
+        for param, value in zip(self.params, self.stash["policy"].values(), strict=True):
+            param.data = value
+        self.stash = None
 
     def step(self, experience: hwplace.Channel, demos: hwplace.Channel, step: int) -> dict[str, Any]:
         s = self.settings
@@ -200,9 +214,8 @@ class Trainer(hwplace.Worker):
         shown = demos.get_batch(s["demo_tokens_per_rank"], timeout=120) if s["demo_tokens_per_rank"] else []
         times["wait for batch"] = time.perf_counter() - start
 
-        with self.turn():
+        with self.turn():  # colocated with a rollout rank: hwplace calls offload/onload around turns
             entered = time.monotonic()
-            self.onload()
             self.optimizer.zero_grad()
             answer_tokens = sum(len(a) for g in batch for a in g["answers"])
             demo_tokens = sum(len(d["answer"]) for d in shown)
@@ -260,7 +273,8 @@ class Trainer(hwplace.Worker):
         return result
 
     def report(self) -> dict[str, Any]:
-        return {"turns": self.turns, "swaps": self.swaps, "accelerators": os.environ.get("FAKE_VISIBLE_DEVICES")}
+        return {"turns": self.turns, "swaps": self.swaps, "accelerators": os.environ.get("FAKE_VISIBLE_DEVICES"),
+                "weight_bytes": self.weight_bytes}
 
 
 def wait_watching(handle: hwplace.Handle, producers: dict[str, hwplace.Handle]) -> list[Any]:
@@ -288,6 +302,7 @@ DEFAULTS: dict[str, Any] = {
 
 def main(job: hwplace.Job) -> dict[str, Any]:
     settings = vars(job.settings(**DEFAULTS))
+    settings["trainer_ranks"] = job.placement.get_world_size("trainer")
     started = time.perf_counter()
     run = uuid.uuid4().hex[:8]  # channel names are unique per run, so one process can run the job twice
     prompts = hwplace.Channel.create(f"prompts-{run}", maxsize=16)
@@ -316,11 +331,12 @@ def main(job: hwplace.Job) -> dict[str, Any]:
         reward = sum(r for rank in ranks for r in rank["reward"]) / max(1, sum(len(rank["reward"]) for rank in ranks))
         progress.update(step, f"reward {reward:.2f}" + (f"  exact match {curve[-1][1]:.2f}" if curve else ""))
     trained = time.perf_counter()
+    stale = experience.stats().stale  # before the channels close
     for channel in (prompts, answers, experience, demos):
         channel.close()
     produced = {name: handle.wait(timeout=60) for name, handle in producers.items()}
     trainers = trainer.report().wait(timeout=60)
-    summary = summarize(settings, steps, curve, produced, trainers, sync, experience,
+    summary = summarize(settings, steps, curve, produced, trainers, sync, stale,
                         launch=launched - started, training=trained - launched)
     print_summary(summary, file=sys.stdout)
     return summary

@@ -39,7 +39,7 @@ def overlaps(first: list[tuple[float, float]], second: list[tuple[float, float]]
 
 def summarize(settings: dict[str, Any], steps: list[list[dict[str, Any]]], curve: list[tuple[int, float]],
               produced: dict[str, list[dict[str, Any]]], trainers: list[dict[str, Any]], sync: hwplace.WeightSync,
-              experience: hwplace.Channel, *, launch: float, training: float) -> dict[str, Any]:
+              stale: int, *, launch: float, training: float) -> dict[str, Any]:
     """What the run did, from every trainer rank's step results and every producer's final report."""
     world = len(steps[0])
     rank_tokens = [sum(step[r]["tokens"] for step in steps) for r in range(world)]
@@ -54,21 +54,20 @@ def summarize(settings: dict[str, Any], steps: list[list[dict[str, Any]]], curve
     shared = [(t, r) for t in range(world) for r in range(len(rollouts))
               if trainers[t]["accelerators"] == rollouts[r]["accelerators"]]
     publish = [step[0]["times"]["publish weights"] for step in steps]
-    stats = experience.stats()
     return {
         "steps": len(steps), "launch_seconds": launch, "training_seconds": training,
         "eval": [list(point) for point in curve],
         "reward_first": _mean(r for rank in steps[0] for r in rank["reward"]),
         "reward_last": _mean(r for rank in steps[-1] for r in rank["reward"]),
         "weight_sync": {
-            "versions": steps[-1][0]["version"], "bytes": sync.bytes_per_version if hasattr(sync, "bytes_per_version")
-            else None, "publish_seconds": _mean(publish),
-            "plan": [list(map(str, row)) for row in sync.plan],
+            "versions": steps[-1][0]["version"], "bytes": trainers[0]["weight_bytes"],
+            "publish_seconds": _mean(publish),
+            "plan": [[t.group, t.rank, t.node, t.transport] for t in sync.plan],
             "applied": {r: {"versions": len(report["applied"]), "last": report["applied"][-1] if report["applied"]
                             else 0} for r, report in enumerate(rollouts)},
         },
         "staleness": {"mean": _mean(staleness), "max": max(staleness, default=0), "max_allowed":
-                      settings["max_staleness"], "stale_discarded": stats.get("stale", 0) if stats else 0},
+                      settings["max_staleness"], "stale_discarded": stale},
         "turns": {"shared": [list(pair) for pair in shared],
                   "handovers": sum(trainers[t]["swaps"] + rollouts[r]["swaps"] for t, r in shared),
                   "overlaps": sum(overlaps(trainers[t]["turns"], rollouts[r]["turns"]) for t, r in shared)},
@@ -96,8 +95,9 @@ def print_summary(s: dict[str, Any], file: TextIO) -> None:
     say(f"  reward per answer: {s['reward_first']:.2f} -> {s['reward_last']:.2f} (2 is an exact match)")
     sync = s["weight_sync"]
     applied = ", ".join(f"rank {r}: {a['versions']} versions, last {a['last']}" for r, a in sync["applied"].items())
-    say(f"  weight sync: {sync['versions']} versions, {sync['publish_seconds'] * 1000:.1f} ms per publish; "
-        f"rollouts applied {applied}")
+    say(f"  weight sync: {sync['versions']} versions of {sync['bytes'] / 1e6:.2f} MB, "
+        f"{sync['publish_seconds'] * 1000:.1f} ms per publish; rollouts applied {applied}")
+    say("  weights: identical on every trainer rank after each step (checked with all_reduce MIN and MAX)")
     stale = s["staleness"]
     say(f"  staleness: mean {stale['mean']:.2f}, max {stale['max']} (allowed {stale['max_allowed']}); "
         f"{stale['stale_discarded']} stale groups discarded")

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TextIO, TypeVar
 
-from hwplace.application.report import print_plan
+from hwplace.application.report import print_plan, print_sync_plans, sync_plans
 from hwplace.config.loading import load_config
 from hwplace.config.section import cluster_section, parse_cluster_config
 from hwplace.foundation.errors import ConfigError
@@ -194,11 +194,13 @@ def run_job(
                               f"is {cluster_config.num_nodes}", value=accelerators_per_node,
                               allowed=f"at least {cluster_config.num_nodes} nodes")
         simulated = fake_cluster(cluster_config, num_nodes=len(counts), accelerators_per_node=counts)
-        ComponentPlacement(cluster_config, simulated)
+        sync_plans(loaded, ComponentPlacement(cluster_config, simulated))  # weight_sync: checked too
     with _simulated(counts):
         cluster = Cluster(cluster_cfg=cluster_config)
         placement = ComponentPlacement(cluster_config, cluster)
+        syncs = sync_plans(loaded, placement)
         print_plan(placement, out or sys.stdout)
+        print_sync_plans(syncs, out or sys.stdout)
         job = Job(loaded, cluster, placement)
         try:
             return entry(job)

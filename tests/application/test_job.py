@@ -1,5 +1,5 @@
 """Jobs without Ray: the job's settings, finding its entry point, config overrides, and ``hwplace run``'s
-checks before anything starts. The pipeline itself runs in tests/plugins/ray/test_pipeline.py."""
+checks before anything starts. The GRPO example itself runs in tests/plugins/ray/test_grpo.py."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from hwplace.config.loading import apply_overrides
 from hwplace.testing import fake_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINE = ROOT / "examples" / "rl-pipeline"
+GRPO = ROOT / "examples" / "rl-grpo"
 
 
 def job_with(section: dict[str, Any]) -> Job:
@@ -225,7 +225,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
 
 
 def test_run_refuses_a_simulated_cluster_of_real_accelerators() -> None:
-    code, _, err = run_cli(str(PIPELINE / "pipeline.yaml"), "--nodes", "1x4:cuda")
+    code, _, err = run_cli(str(GRPO / "grpo.yaml"), "--nodes", "1x4:cuda")
     assert code == 2
     assert "--nodes: a simulated cluster has fake accelerators only (got '1x4:cuda')" in err
 
@@ -238,22 +238,22 @@ def test_run_names_a_missing_entry_point(tmp_path: Path) -> None:
 
 
 def test_run_applies_overrides_given_before_and_after_options(tmp_path: Path) -> None:
-    code, _, err = run_cli(str(PIPELINE / "pipeline.yaml"), "cluster.num_nodes=x", "--nodes", "1x4")
+    code, _, err = run_cli(str(GRPO / "grpo.yaml"), "cluster.num_nodes=x", "--nodes", "1x4")
     assert (code, err.splitlines()[0]) == (2, "hwplace: error: cluster.num_nodes: must be an integer (got 'x')")
-    code, _, err = run_cli(str(PIPELINE / "pipeline.yaml"), "--nodes", "1x4", "job.entrypoint=nope.py:main")
+    code, _, err = run_cli(str(GRPO / "grpo.yaml"), "--nodes", "1x4", "job.entrypoint=nope.py:main")
     assert code == 2
     assert "job.entrypoint: there is no file" in err
 
 
 def test_run_rejects_unknown_options() -> None:
     with pytest.raises(SystemExit, match=r"^2$"):
-        main(["run", str(PIPELINE / "pipeline.yaml"), "--steps", "5"], io.StringIO(), io.StringIO())
+        main(["run", str(GRPO / "grpo.yaml"), "--steps", "5"], io.StringIO(), io.StringIO())
 
 
 def test_run_checks_the_placement_against_the_simulated_inventory_before_starting_ray() -> None:
     # Trainer is placed on accelerators 2-3: one node of 2 is too small. Ray must not even be imported.
     script = ("import sys; from hwplace.application.cli import main; "
-              f"code = main(['run', {str(PIPELINE / 'pipeline.yaml')!r}, '--nodes', '1x2']); "
+              f"code = main(['run', {str(GRPO / 'grpo.yaml')!r}, '--nodes', '1x2']); "
               "print(code, 'ray' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert done.stdout.split() == ["2", "False"], done.stderr
@@ -262,26 +262,32 @@ def test_run_checks_the_placement_against_the_simulated_inventory_before_startin
 
 
 def test_run_refuses_a_simulated_cluster_and_an_address_together(tmp_path: Path) -> None:
-    code, _, err = run_cli(str(PIPELINE / "pipeline.yaml"), "cluster.address=10.0.0.1:6379", "--nodes", "1x4")
+    code, _, err = run_cli(str(GRPO / "grpo.yaml"), "cluster.address=10.0.0.1:6379", "--nodes", "1x4")
     assert code == 2
     assert "cluster.address: is set, but a simulated cluster runs on this machine (got '10.0.0.1:6379')" in err
 
 
-def test_the_example_variants_differ_only_in_placement() -> None:
-    base = hwplace.load_config(PIPELINE / "pipeline.yaml")
-    for variant in ("colocated.yaml", "multinode.yaml"):
-        other = hwplace.load_config(PIPELINE / variant)
-        for config in (base, other):
-            config["cluster"].pop("component_placement")
-        if variant == "multinode.yaml":  # two nodes, so the robots' node and the count differ too
-            assert other["cluster"]["num_nodes"] == 2
-            other["cluster"] = base["cluster"]
-        assert other == base, variant
-        base = hwplace.load_config(PIPELINE / "pipeline.yaml")
+def test_the_example_variants_differ_only_in_yaml_and_only_where_they_say() -> None:
+    def flat(config: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(config, dict):
+            return {k: v for key, value in config.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+        return {prefix.rstrip("."): config}
+
+    base = flat(hwplace.load_config(GRPO / "grpo.yaml"))
+    changed = {"colocated.yaml": {"cluster.component_placement.rollout", "cluster.component_placement.trainer",
+                                  "cluster.component_placement.rollout,trainer"},
+               "async.yaml": {"job.max_staleness"},
+               "multinode.yaml": {"cluster.num_nodes", "cluster.component_placement.rollout",
+                                  "cluster.component_placement.trainer"}}
+    for variant, keys in changed.items():
+        other = flat(hwplace.load_config(GRPO / variant))
+        differ = {k for k in base.keys() | other.keys() if base.get(k) != other.get(k)}
+        assert differ == keys, variant
+    assert hwplace.load_config(GRPO / "async.yaml")["job"]["max_staleness"] == 1
 
 
 def test_the_colocated_variant_shares_each_trainer_ranks_accelerator_with_a_rollout() -> None:
-    config = hwplace.load_config(PIPELINE / "colocated.yaml")
+    config = hwplace.load_config(GRPO / "colocated.yaml")
     cluster = fake_cluster(config["cluster"], accelerators_per_node=2)
     plan = hwplace.ComponentPlacement(config, cluster)
     rollout, trainer = plan.get_placements("rollout"), plan.get_placements("trainer")
@@ -290,14 +296,14 @@ def test_the_colocated_variant_shares_each_trainer_ranks_accelerator_with_a_roll
 
 
 def test_run_refuses_a_simulated_cluster_smaller_than_the_config() -> None:
-    code, _, err = run_cli(str(PIPELINE / "multinode.yaml"), "--nodes", "1x4")
+    code, _, err = run_cli(str(GRPO / "multinode.yaml"), "--nodes", "1x4")
     assert (code, err) == (2, "hwplace: error: --nodes: gives 1 node but cluster.num_nodes is 2 (got '1x4'); at "
                               "least 2 nodes, such as --nodes 2x4\n")
 
 
 def test_run_refuses_a_summary_file_in_a_missing_folder_before_running(tmp_path: Path) -> None:
     missing = str(tmp_path / "no" / "s.json")
-    code, _, err = run_cli(str(PIPELINE / "pipeline.yaml"), "--nodes", "1x4", "--summary", missing)
+    code, _, err = run_cli(str(GRPO / "grpo.yaml"), "--nodes", "1x4", "--summary", missing)
     assert code == 2
     assert err.startswith("hwplace: error: --summary: names a file in a folder that does not exist")
 

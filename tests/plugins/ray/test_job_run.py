@@ -1,0 +1,63 @@
+"""``hwplace run`` of small jobs on the session's two-node Ray cluster: a failed job's exit code and message,
+and the summary file. The GRPO example itself is tests/plugins/ray/test_grpo.py's."""
+
+from __future__ import annotations
+
+import io
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hwplace.application.cli import main
+from hwplace.pytest_plugin import LocalRay
+
+pytestmark = pytest.mark.time_limit(120)
+
+
+def test_run_reports_a_failed_job_with_exit_code_1(hwplace_local_ray: LocalRay, tmp_path: Path) -> None:
+    (tmp_path / "failing.py").write_text(textwrap.dedent("""
+        import hwplace
+
+        class Broken(hwplace.Worker):
+            def work(self):
+                if self.rank == 1:
+                    raise ValueError(f"rank {self.rank} cannot work")
+
+        def main(job):
+            job.launch(Broken, "broken").work().wait()
+        """))
+    (tmp_path / "job.yaml").write_text("job: {entrypoint: failing.py:main}\n"
+                                       "cluster: {num_nodes: 1, component_placement: {broken: {node_group: node, "
+                                       "placement: '0:0-1'}}}\n")
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["run", str(tmp_path / "job.yaml")], out, err) == 1
+    assert "broken: 2 processes on group node" in out.getvalue()
+    assert err.getvalue().startswith("hwplace: error: group 'broken' rank 1 on node 0: work() raised ValueError: "
+                                     "rank 1 cannot work\n")
+    assert "Remote traceback:" in err.getvalue()
+    # the failed job's group was shut down: its name is free again
+    assert main(["run", str(tmp_path / "job.yaml")], io.StringIO(), io.StringIO()) == 1
+
+
+def test_run_writes_what_the_entry_point_returns_as_a_summary(hwplace_local_ray: LocalRay, tmp_path: Path) -> None:
+    (tmp_path / "counting.py").write_text(textwrap.dedent("""
+        import hwplace
+
+        class Counter(hwplace.Worker):
+            def count(self, n):
+                return {"rank": self.rank, "counted": list(range(n))}
+
+        def main(job):
+            results = job.launch(Counter, "counter").count(job.settings(n=2).n).wait(timeout=60)
+            return {"results": results, "ranks": {r["rank"] for r in results}}
+        """))
+    (tmp_path / "job.yaml").write_text("job: {entrypoint: counting.py:main}\n"
+                                       "cluster: {num_nodes: 2, component_placement: {counter: {node_group: node, "
+                                       "placement: '0-1'}}}\n")
+    out = io.StringIO()
+    assert main(["run", str(tmp_path / "job.yaml"), "job.n=3", "--summary", str(tmp_path / "s.json")], out,
+                io.StringIO()) == 0
+    assert json.loads((tmp_path / "s.json").read_text()) == {
+        "results": [{"rank": 0, "counted": [0, 1, 2]}, {"rank": 1, "counted": [0, 1, 2]}], "ranks": [0, 1]}
