@@ -20,6 +20,7 @@ from hwplace.contracts.executor import (
     check_executor,
 )
 from hwplace.contracts.records import WorkerContext
+from hwplace.contracts.registry import DeviceLease, GroupRecord, LeaseConflict, WorkerRecord
 from hwplace.inventory.detection import detect_here
 from hwplace.plugin.current import current_executor, set_current_executor
 from hwplace.plugin.detection import detect_timeout
@@ -28,13 +29,17 @@ from hwplace.runtime.hosting import RemoteFailure, run_method, run_method_async,
 __all__ = [
     "ChannelAddress",
     "ChannelServer",
+    "DeviceLease",
     "Executor",
+    "GroupRecord",
     "GroupRequest",
     "GroupRuntime",
     "Handle",
+    "LeaseConflict",
     "ObjectStore",
     "RemoteFailure",
     "WorkerContext",
+    "WorkerRecord",
     "WorkerSpec",
     "check_executor",
     "current_executor",
