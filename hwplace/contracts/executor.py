@@ -169,6 +169,11 @@ class Executor:
         """The address of the channel called ``name``; ``ConfigError`` naming the channels there are if none."""
         raise NotImplementedError(f"{type(self).__name__}.connect_channel")
 
+    def where(self) -> str:
+        """The cluster this process is connected to, in a few words (``"Ray cluster at 10.0.0.1:6379"``), for
+        ``hwplace run`` to say where it runs before it places anything."""
+        raise NotImplementedError(f"{type(self).__name__}.where")
+
     def register_group(self, record: GroupRecord) -> None:
         """Record a group about to start in the cluster's registry, leasing its devices to this job.
 

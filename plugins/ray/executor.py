@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import hwplace
 from hwplace import ClusterConfig, ConfigError, Node, PlacementError, PluginManager
 from hwplace.executor import ChannelAddress, GroupRecord, GroupRequest, GroupRuntime, detect_timeout
+from hwplace_plugins.ray.connect import connect, import_ray
 from hwplace_plugins.ray.ranks import RANK_VARIABLE, FoundNode, assign_ranks, nodes_table
 
 ACTOR_PREFIX = "hwplace.channel."
@@ -25,51 +26,8 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 REGISTRY_TIMEOUT = 60.0  # seconds for the registry to answer (its first call may start its actor)
-CONNECT_TIMEOUT = 5.0  # seconds to reach a host:port address before Ray's own, much longer, retries
 STARTUP_ALLOWANCE = 60.0  # seconds a node may take to start the process that runs its detection
 HEAD_RESOURCE = "node:__internal_head__"
-
-
-def import_ray() -> ModuleType:
-    try:
-        import ray  # noqa: PLC0415 (optional: Ray, imported on first use)
-    except ImportError as exc:
-        raise ConfigError("cluster.executor", f"the Ray executor needs Ray, which is not installed ({exc})",
-                          allowed="pip install 'hwplace[ray]'") from None
-    return ray
-
-
-def connect(address: str | None) -> ModuleType:
-    """Ray, connected: the driver's existing connection, else ``address`` (or ``RAY_ADDRESS``, or a Ray started
-    on this machine), else a new embedded local Ray. ``address: local`` always starts a new one."""
-    ray = import_ray()
-    if ray.is_initialized():
-        return ray
-    target = address or os.environ.get("RAY_ADDRESS") or None
-    if target and target not in ("auto", "local") and "://" not in target:
-        check_reachable(target)
-    try:
-        ray.init(address=address, log_to_driver=True)
-    except (ConnectionError, ValueError, RuntimeError) as exc:
-        where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
-        raise ConfigError("cluster.address", f"cannot connect to {where}: {exc}",
-                          allowed="'auto' (a running cluster), 'local' (a new one on this machine), "
-                          "'host:port' or 'ray://host:port'; leave it out to use a running Ray or start one") from None
-    return ray
-
-
-def check_reachable(address: str) -> None:
-    """Fail at once when nothing answers at a ``host:port`` Ray address (Ray itself retries for minutes)."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError("cluster.address", f"{address!r} is not host:port",
-                          allowed="'auto', 'local', 'host:port' or 'ray://host:port'")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT).close()
-    except OSError as exc:
-        raise ConfigError("cluster.address", f"nothing answers at {address} ({exc.strerror or exc})",
-                          allowed="the address of a running Ray head (ray start --head prints it), 'auto' for the "
-                          "one on this machine, or leave it out to start an embedded local Ray") from None
 
 
 def _summary(hardware: dict[str, Any]) -> str:
@@ -163,6 +121,9 @@ class RayExecutor(hwplace.Executor):
         task = self.remote("free_port").options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id,
                                                                                                  soft=False))
         return int(ray.get(task.remote(), timeout=STARTUP_ALLOWANCE))
+
+    def where(self) -> str:
+        return f"Ray cluster at {import_ray().get_runtime_context().gcs_address}"
 
     def registry(self, create: bool = True) -> Any:
         """The cluster's registry actor (made by the first job that needs it, found by the others), or ``None``
