@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict
 from typing import Any
 
-from hwplace.contracts.registry import GroupRecord, LeaseConflict
+from hwplace.executor import GroupRecord, LeaseConflict
 
 NAME = "registry"
 NAMESPACE = "hwplace"
