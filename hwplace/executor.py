@@ -23,6 +23,7 @@ from hwplace.contracts.executor import (
     check_executor,
 )
 from hwplace.contracts.records import WorkerContext
+from hwplace.contracts.registry import DeviceLease, GroupRecord, LeaseConflict, WorkerRecord
 from hwplace.inventory.detection import detect_here
 from hwplace.planning.sharing import Share, shared_accelerators
 from hwplace.plugin.current import current_executor, set_current_executor
@@ -33,11 +34,14 @@ from hwplace.runtime.turns import TurnServer
 __all__ = [
     "ChannelAddress",
     "ChannelServer",
+    "DeviceLease",
     "Executor",
     "GroupEntry",
+    "GroupRecord",
     "GroupRequest",
     "GroupRuntime",
     "Handle",
+    "LeaseConflict",
     "ObjectStore",
     "RemoteFailure",
     "Share",
@@ -45,6 +49,7 @@ __all__ = [
     "TurnServer",
     "VersionBoard",
     "WorkerContext",
+    "WorkerRecord",
     "WorkerSpec",
     "check_executor",
     "current_executor",

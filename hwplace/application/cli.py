@@ -1,4 +1,5 @@
-"""The ``hwplace`` command: ``plan`` a config without launching anything, ``run`` a job, list ``hardware``."""
+"""The ``hwplace`` command: ``plan`` a config without launching anything, ``run`` a job, list ``hardware``, show
+the ``status`` of a running cluster."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, TextIO
 
 from hwplace.application.job import run_job
 from hwplace.application.report import plan_json, print_plan, print_sync_plans, sync_plans, sync_plans_json, table
+from hwplace.application.status import print_status
 from hwplace.config.loading import apply_overrides, load_config
 from hwplace.config.section import cluster_section, parse_cluster_config
 from hwplace.contracts.hardware import Device
@@ -204,6 +206,22 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    manager = get_plugin_manager()
+    try:
+        executor = manager.executor(args.executor)
+    except PluginError as exc:
+        raise ConfigError("--executor", str(exc), allowed=", ".join(manager.executors()) or "none installed") from None
+    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # a running cluster, never a new one
+    state = executor.cluster_status(address)
+    if args.json:
+        json.dump(state, out, indent=2, default=safe_repr)
+        out.write("\n")
+    else:
+        print_status(state, out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hwplace", description="Place a distributed job's processes on hardware.")
     parser.add_argument("--version", action="version", version=f"hwplace {__version__}")
@@ -230,6 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "$HWPLACE_NODE_RANK, else 0)")
     hardware.add_argument("--json", action="store_true", help="print as JSON")
     hardware.set_defaults(run=_hardware)
+    status = commands.add_parser("status", help="list the jobs, groups, device leases and channels on a running "
+                                 "cluster", description="Connect to a running Ray cluster (never start one) and list "
+                                 "what hwplace jobs run there: jobs, groups, device leases and channels.")
+    status.add_argument("--address", help="the cluster's address, host:port (default: $RAY_ADDRESS, else the "
+                        "cluster `ray start` made on this machine)")
+    status.add_argument("--executor", default="ray", help="the executor whose cluster to ask (default: ray)")
+    status.add_argument("--json", action="store_true", help="print as JSON")
+    status.set_defaults(run=_status)
     return parser
 
 

@@ -12,11 +12,12 @@ import os
 import runpy
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TextIO, TypeVar
 
-from hwplace.application.report import print_plan, print_sync_plans, sync_plans
+from hwplace.application.report import print_cluster, print_plan, print_sync_plans, sync_plans
 from hwplace.config.loading import load_config
 from hwplace.config.section import cluster_section, parse_cluster_config
 from hwplace.foundation.errors import ConfigError
@@ -175,8 +176,9 @@ def run_job(
     local Ray cluster of that shape with fake accelerators, checked against that inventory before Ray
     starts; otherwise on the cluster ``cluster:`` describes. A relative ``job.entrypoint`` file is read
     from ``base``: by default the config file's folder, or the working directory for a mapping. Every group
-    the entry point launched through the :class:`Job` is shut down when it returns or raises. Returns what
-    the entry point returns.
+    the entry point launched through the :class:`Job` is shut down when it returns or raises. It prints the
+    cluster it joined (address and nodes) and the plan before calling the entry point. A config file names the
+    job (``hwplace status``): ``pipeline.yaml`` runs as job ``pipeline``. Returns what the entry point returns.
     """
     loaded = load_config(config)
     cluster_config = parse_cluster_config(cluster_section(loaded))  # parsed once: every mistake before anything starts
@@ -195,8 +197,11 @@ def run_job(
                               allowed=f"at least {cluster_config.num_nodes} nodes")
         simulated = fake_cluster(cluster_config, num_nodes=len(counts), accelerators_per_node=counts)
         sync_plans(loaded, ComponentPlacement(cluster_config, simulated))  # weight_sync: checked too
+        cluster_config = replace(cluster_config, address=None)  # the simulated cluster is the local one
+    job_name = Path(os.fsdecode(config)).stem if isinstance(config, str | os.PathLike) else None
     with _simulated(counts):
-        cluster = Cluster(cluster_cfg=cluster_config)
+        cluster = Cluster(cluster_cfg=cluster_config, job_name=job_name)
+        print_cluster(cluster, out or sys.stdout)
         placement = ComponentPlacement(cluster_config, cluster)
         syncs = sync_plans(loaded, placement)
         print_plan(placement, out or sys.stdout)

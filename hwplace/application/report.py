@@ -12,6 +12,7 @@ from typing import Any, TextIO
 from hwplace.contracts.records import Placement
 from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.wording import plural
+from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
 from hwplace.planning.sharing import shared_accelerators
 from hwplace.planning.sync_plan import SyncSpec, SyncTarget, parse_weight_sync, plan_sync
@@ -31,6 +32,12 @@ def table(rows: list[list[str]], out: TextIO) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         out.write("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def print_cluster(cluster: Cluster, out: TextIO) -> None:
+    """``cluster: Ray cluster at 10.0.0.1:6379, 2 nodes: 0 10.0.0.1 (0123456789ab), 1 10.0.0.2 (...)``."""
+    nodes = ", ".join(f"{n.rank} {n.address} ({n.node_id[:12]})" for n in cluster.nodes)
+    out.write(f"cluster: {cluster.executor().where()}, {plural(cluster.num_nodes, 'node')}: {nodes}\n\n")
 
 
 def group_settings(plan: ComponentPlacement, placement: Placement) -> tuple[dict[str, str], str | None]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from hwplace.contracts.hardware import PLUGIN_NAME
 from hwplace.contracts.records import Node, Placement
+from hwplace.contracts.registry import GroupRecord
 from hwplace.foundation.wording import safe_repr
 
 if TYPE_CHECKING:
@@ -226,6 +227,7 @@ class Executor:
         shares an accelerator there; ``turn()`` then costs nothing). An executor that starts groups whose
         placements share accelerators with other groups runs a :class:`TurnServer` on each such node."""
         return None
+
     def find_group(self, name: str) -> GroupEntry | None:
         """The running group called ``name`` (from any process of the cluster), or ``None``."""
         raise NotImplementedError(f"{type(self).__name__}.find_group")
@@ -241,6 +243,32 @@ class Executor:
     def create_board(self, name: str, group: str, rank: int) -> VersionBoard:
         """A new :class:`VersionBoard` for the weight sync ``name``, held on the node of ``group``'s ``rank``."""
         raise NotImplementedError(f"{type(self).__name__}.create_board")
+
+    def where(self) -> str:
+        """The cluster this process is connected to, in a few words (``"Ray cluster at 10.0.0.1:6379"``), for
+        ``hwplace run`` to say where it runs before it places anything."""
+        raise NotImplementedError(f"{type(self).__name__}.where")
+
+    def register_group(self, record: GroupRecord) -> None:
+        """Record a group about to start in the cluster's registry, leasing its devices to this job.
+
+        Raises ``PlacementError`` naming the device, its node and the holder (job and group) when another live
+        job holds one of ``record.leases``, and records nothing then; groups of one job may share devices. The
+        leases last until :meth:`deregister_group` or the end of this job's driver, however it ends.
+        """
+        raise NotImplementedError(f"{type(self).__name__}.register_group")
+
+    def deregister_group(self, group: str) -> None:
+        """Forget this job's group ``group`` and end its leases; a name not registered is no error."""
+        raise NotImplementedError(f"{type(self).__name__}.deregister_group")
+
+    def cluster_status(self, address: str | None) -> dict[str, Any]:
+        """What runs on the cluster at ``address`` (the one this process is connected to, or would connect to,
+        when ``None``), for ``hwplace status``: a JSON-ready mapping with the keys ``cluster`` (``address``,
+        ``nodes``), ``jobs``, ``groups``, ``leases`` and ``channels``, each a list of mappings (see
+        ``docs/guide.md``). Jobs whose driver has ended are left out, with their groups and leases.
+        """
+        raise NotImplementedError(f"{type(self).__name__}.cluster_status")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

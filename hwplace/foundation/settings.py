@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 from hwplace.foundation.errors import PluginError
 
@@ -26,6 +27,10 @@ the executor finds nodes in."""
 
 FAKE_ACCELERATORS = "HWPLACE_FAKE_ACCELERATORS"
 """How many ``fake-accelerator`` devices the fake backend finds on a node; default 0."""
+
+JOB_NAME = "HWPLACE_JOB_NAME"
+"""The name a job's groups and leases go by on a shared cluster (``hwplace status``); default: the name of the
+script the driver runs (``hwplace run`` names a job after its config file)."""
 
 LOG_LEVEL = "HWPLACE_LOG_LEVEL"
 """The level of workers' loggers (``DEBUG``, ``INFO``, ...); default ``INFO``."""
@@ -69,3 +74,12 @@ def read_node_rank() -> str | None:
 def read_log_level() -> str:
     """``HWPLACE_LOG_LEVEL``, upper-cased; ``INFO`` when unset."""
     return os.environ.get(LOG_LEVEL, "").strip().upper() or "INFO"
+
+
+def read_job_name() -> str:
+    """``HWPLACE_JOB_NAME``; when unset, the driver script's file name without ``.py`` (``python`` for none)."""
+    raw = os.environ.get(JOB_NAME, "").strip()
+    if raw:
+        return raw[:100]
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    return script.removesuffix(".py") or "python"

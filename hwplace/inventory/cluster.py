@@ -15,6 +15,7 @@ from hwplace.contracts.executor import Executor
 from hwplace.contracts.hardware import HardwareBackend
 from hwplace.contracts.records import Node
 from hwplace.foundation.errors import ConfigError, PluginError
+from hwplace.foundation.settings import read_job_name
 from hwplace.foundation.wording import plural, ranks_text, safe_repr
 from hwplace.inventory.detection import detect_node_hardware
 from hwplace.plugin.current import set_current_executor
@@ -29,6 +30,8 @@ class Cluster:
     (``hwplace.testing.fake_cluster`` builds one) and :meth:`this_machine` inventories this machine alone.
     ``cluster_cfg`` is the ``cluster:`` section (mapping, OmegaConf or :class:`ClusterConfig`); its
     ``num_nodes`` must not exceed the nodes found. ``plugin_manager`` defaults to the process-wide one.
+    ``job_name`` is what this job's groups and device leases go by on a shared cluster (``hwplace status``);
+    by default ``HWPLACE_JOB_NAME``, else the driver script's name.
     """
 
     def __init__(
@@ -37,8 +40,12 @@ class Cluster:
         *,
         nodes: Sequence[Node] | None = None,
         plugin_manager: PluginManager | None = None,
+        job_name: str | None = None,
     ) -> None:
         self.plugin_manager = plugin_manager or get_plugin_manager()
+        if job_name is not None and (not isinstance(job_name, str) or not job_name.strip()):
+            raise ConfigError("job_name", "must be a non-empty string", value=job_name)
+        self.job_name: str = job_name.strip()[:100] if job_name is not None else read_job_name()
         self._executor: Executor | None = None
         config = parse_cluster_config(cluster_cfg, plugin_manager=self.plugin_manager) if cluster_cfg is not None \
             else None

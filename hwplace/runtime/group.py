@@ -6,11 +6,13 @@ import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from hwplace.config.records import NodeGroup
 from hwplace.contracts.executor import GroupRequest, GroupRuntime, Handle, WorkerSpec
 from hwplace.contracts.records import Placement
+from hwplace.contracts.registry import IDENTITY_PROPERTIES, DeviceLease, GroupRecord, WorkerRecord
 from hwplace.foundation.errors import ConfigError, PlacementError, WorkerError
 from hwplace.foundation.wording import did_you_mean, plural, safe_repr
 from hwplace.inventory.cluster import Cluster
@@ -63,6 +65,32 @@ def worker_specs(
     return specs
 
 
+def group_record(cluster: Cluster, name: str, worker_class: type, placements: Sequence[Placement]) -> GroupRecord:
+    """What the cluster's registry keeps of a group: its workers and the devices they lease.
+
+    Accelerators and devices are leased; a node-kind resource (a whole node, shared by any number of
+    processes) is not. A device leased by several ranks of the group is one lease naming them all.
+    """
+    leases: dict[tuple[str, str, str], DeviceLease] = {}
+    workers = []
+    for p in placements:
+        node = cluster.nodes[p.node_rank]
+        workers.append(WorkerRecord(p.rank, p.node_rank, p.node_id, node.address,
+                                    f"{p.hardware_type} {','.join(map(str, p.local_hardware_ranks))}"))
+        if cluster.kind(p.hardware_type) not in ("accelerator", "device"):
+            continue
+        for index in p.local_hardware_ranks:
+            found = [d for d in node.devices(p.hardware_type) if d.index == index]
+            properties = found[0].properties if found else {}
+            identity = next((f"{k}={properties[k]}" for k in IDENTITY_PROPERTIES if k in properties), f"index={index}")
+            lease = DeviceLease(p.hardware_type, index, identity, p.node_id, p.node_rank, node.address, (p.rank,))
+            held = leases.setdefault(lease.key, lease)
+            if held is not lease:
+                leases[lease.key] = replace(held, ranks=(*held.ranks, p.rank))
+    return GroupRecord(cluster.job_name, name, f"{worker_class.__module__}.{worker_class.__qualname__}",
+                       tuple(workers), tuple(leases.values()))
+
+
 class GroupLauncher:
     """A worker class and its constructor arguments, ready to ``launch`` as a group."""
 
@@ -80,8 +108,9 @@ class GroupLauncher:
     ) -> WorkerGroup:
         """Start one worker per placement of ``placement_strategy`` on ``cluster``; returns when all are constructed.
 
-        A name in use is a ``ConfigError``; a constructor that raises makes this raise ``WorkerError`` with
-        its rank and traceback, after stopping the group's other workers.
+        A name in use is a ``ConfigError``; a device (accelerator, robot) that a group of another live job on
+        the cluster holds is a ``PlacementError`` naming it, its node and the holder; a constructor that raises
+        makes this raise ``WorkerError`` with its rank and traceback, after stopping the group's other workers.
         """
         if not isinstance(cluster, Cluster):
             raise ConfigError("cluster", f"{safe_repr(cluster)} is not a hwplace.Cluster")
@@ -98,13 +127,20 @@ class GroupLauncher:
         port = executor.free_port(cluster.nodes[placements[0].node_rank])
         groups = {g.label: g for g in placement_strategy.groups(cluster)}
         specs = worker_specs(cluster, placements, port, groups)
-        runtime = executor.start_group(GroupRequest(name, self.worker_class, self.args, self.kwargs, specs))
+        executor.register_group(group_record(cluster, name, self.worker_class, placements))
+        try:
+            runtime = executor.start_group(GroupRequest(name, self.worker_class, self.args, self.kwargs, specs))
+        except BaseException:
+            executor.deregister_group(name)
+            raise
         try:
             _wait_ready(runtime.ready(), name, len(specs))
         except BaseException:
             runtime.shutdown()
+            executor.deregister_group(name)
             raise
-        return WorkerGroup(name, self.worker_class, tuple(placements), runtime)
+        return WorkerGroup(name, self.worker_class, tuple(placements), runtime,
+                           release=lambda: executor.deregister_group(name))
 
 
 def _wait_ready(handle: Handle, name: str, count: int) -> None:
@@ -142,11 +178,13 @@ class WorkerGroup:
         placements: tuple[Placement, ...],
         runtime: GroupRuntime,
         ranks: tuple[int, ...] | None = None,
+        release: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.worker_class = worker_class
         self.placements = placements
         self._runtime = runtime
+        self._release = release  # ends the group's device leases, after its workers stop
         self.ranks: tuple[int, ...] = tuple(range(len(placements))) if ranks is None else ranks
         self._closed: list[bool] = [False]  # shared with the views execute_on returns
 
@@ -162,7 +200,7 @@ class WorkerGroup:
             if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
                 raise WorkerError(f"execute_on got rank {safe_repr(rank)}; the group has ranks "
                                   f"0-{self.world_size - 1}", group=self.name)
-        view = WorkerGroup(self.name, self.worker_class, self.placements, self._runtime, tuple(ranks))
+        view = WorkerGroup(self.name, self.worker_class, self.placements, self._runtime, tuple(ranks), self._release)
         view._closed = self._closed
         return view
 
@@ -185,10 +223,15 @@ class WorkerGroup:
         return call
 
     def shutdown(self) -> None:
-        """Stop every worker of the group (calls in flight fail) and free its name; a second call does nothing."""
+        """Stop every worker of the group (calls in flight fail), free its name and end its device leases; a
+        second call does nothing."""
         if not self._closed[0]:
             self._closed[0] = True
-            self._runtime.shutdown()
+            try:
+                self._runtime.shutdown()
+            finally:
+                if self._release is not None:
+                    self._release()
 
     def __repr__(self) -> str:
         state = "shut down" if self._closed[0] else "running"

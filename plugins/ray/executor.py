@@ -5,6 +5,7 @@ Ray is imported when a method is called, never when hwplace loads this plugin.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -14,16 +15,18 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import hwplace
-from hwplace import ClusterConfig, ConfigError, Node, Placement, PluginManager
+from hwplace import ClusterConfig, ConfigError, Node, Placement, PlacementError, PluginManager
 from hwplace.executor import (
     ChannelAddress,
     GroupEntry,
+    GroupRecord,
     GroupRequest,
     GroupRuntime,
     TurnAddress,
     VersionBoard,
     detect_timeout,
 )
+from hwplace_plugins.ray.connect import connect, import_ray
 from hwplace_plugins.ray.ranks import RANK_VARIABLE, FoundNode, assign_ranks, nodes_table
 
 ACTOR_PREFIX = "hwplace.channel."
@@ -31,51 +34,9 @@ ACTOR_PREFIX = "hwplace.channel."
 if TYPE_CHECKING:
     from types import ModuleType
 
-CONNECT_TIMEOUT = 5.0  # seconds to reach a host:port address before Ray's own, much longer, retries
+REGISTRY_TIMEOUT = 60.0  # seconds for the registry to answer (its first call may start its actor)
 STARTUP_ALLOWANCE = 60.0  # seconds a node may take to start the process that runs its detection
 HEAD_RESOURCE = "node:__internal_head__"
-
-
-def import_ray() -> ModuleType:
-    try:
-        import ray  # noqa: PLC0415 (optional: Ray, imported on first use)
-    except ImportError as exc:
-        raise ConfigError("cluster.executor", f"the Ray executor needs Ray, which is not installed ({exc})",
-                          allowed="pip install 'hwplace[ray]'") from None
-    return ray
-
-
-def connect(address: str | None) -> ModuleType:
-    """Ray, connected: the driver's existing connection, else ``address`` (or ``RAY_ADDRESS``, or a Ray started
-    on this machine), else a new embedded local Ray. ``address: local`` always starts a new one."""
-    ray = import_ray()
-    if ray.is_initialized():
-        return ray
-    target = address or os.environ.get("RAY_ADDRESS") or None
-    if target and target not in ("auto", "local") and "://" not in target:
-        check_reachable(target)
-    try:
-        ray.init(address=address, log_to_driver=True)
-    except (ConnectionError, ValueError, RuntimeError) as exc:
-        where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
-        raise ConfigError("cluster.address", f"cannot connect to {where}: {exc}",
-                          allowed="'auto' (a running cluster), 'local' (a new one on this machine), "
-                          "'host:port' or 'ray://host:port'; leave it out to use a running Ray or start one") from None
-    return ray
-
-
-def check_reachable(address: str) -> None:
-    """Fail at once when nothing answers at a ``host:port`` Ray address (Ray itself retries for minutes)."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError("cluster.address", f"{address!r} is not host:port",
-                          allowed="'auto', 'local', 'host:port' or 'ray://host:port'")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT).close()
-    except OSError as exc:
-        raise ConfigError("cluster.address", f"nothing answers at {address} ({exc.strerror or exc})",
-                          allowed="the address of a running Ray head (ray start --head prints it), 'auto' for the "
-                          "one on this machine, or leave it out to start an embedded local Ray") from None
 
 
 def _summary(hardware: dict[str, Any]) -> str:
@@ -94,6 +55,8 @@ class RayExecutor(hwplace.Executor):
         self._remote: dict[str, Any] = {}
         self._channels: dict[str, Any] = {}  # Ray stops a named actor once no handle is left: these keep them
         self._arbiters: dict[str, Any] = {}  # the turn arbiter of each node, by node id
+        self._registry: tuple[str, Any] | None = None  # (the cluster's address, its registry actor)
+        self._job_name: str | None = None
 
     def remote(self, name: str) -> Any:
         """A Ray remote function or actor class of this plugin, made once per process."""
@@ -177,6 +140,79 @@ class RayExecutor(hwplace.Executor):
                                                                                                  soft=False))
         return int(ray.get(task.remote(), timeout=STARTUP_ALLOWANCE))
 
+    def where(self) -> str:
+        return f"Ray cluster at {import_ray().get_runtime_context().gcs_address}"
+
+    def registry(self, create: bool = True) -> Any:
+        """The cluster's registry actor (made by the first job that needs it, found by the others), or ``None``
+        when ``create`` is off and there is none yet."""
+        ray = import_ray()
+        from hwplace_plugins.ray import registry  # noqa: PLC0415 (imports Ray's state: loaded on first use)
+
+        cluster = ray.get_runtime_context().gcs_address
+        if self._registry is None or self._registry[0] != cluster:
+            if not create:
+                try:
+                    return ray.get_actor(registry.NAME, namespace=registry.NAMESPACE)
+                except ValueError:
+                    return None
+            actor = ray.remote(num_cpus=0, max_restarts=0)(registry.Registry).options(
+                name=registry.NAME, namespace=registry.NAMESPACE, lifetime="detached", get_if_exists=True,
+                resources={HEAD_RESOURCE: 0.001}).remote()
+            self._registry = (cluster, actor)
+        return self._registry[1]
+
+    def _job(self, name: str | None) -> dict[str, Any]:
+        """Who this process's job is, for the registry: Ray's job id, a name, the driver's pid and host."""
+        ray = import_ray()
+        if name is not None:
+            self._job_name = name
+        return {"id": ray.get_runtime_context().get_job_id(), "name": self._job_name, "pid": os.getpid(),
+                "host": socket.gethostname()}
+
+    def _ask(self, call: Any) -> Any:
+        ray = import_ray()
+        try:
+            return ray.get(call, timeout=REGISTRY_TIMEOUT)
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            raise PlacementError(f"hwplace's registry on this Ray cluster did not answer ({exc}); it keeps "
+                                 "the device leases, so nothing was launched") from None
+
+    def register_group(self, record: GroupRecord) -> None:
+        with self._lock:
+            if record.group in self._groups:
+                raise ConfigError("name", f"a worker group named {record.group!r} is running",
+                                  allowed="shut it down first (group.shutdown()) or choose another name")
+        conflicts = self._ask(self.registry().register_group.remote(self._job(record.job_name), record))
+        if conflicts:
+            more = f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else ""
+            raise PlacementError(f"group {record.group!r} cannot start: "
+                                 + "; ".join(c.describe() for c in conflicts[:3]) + more
+                                 + "; a device is leased to one job at a time: wait until that job ends or shuts "
+                                 "its group down, or place this component on other devices (hwplace status "
+                                 "lists the leases)")
+
+    def deregister_group(self, group: str) -> None:
+        ray = import_ray()
+        if not ray.is_initialized():
+            return  # the session ended: its leases ended with its job
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+            ray.get(self.registry().deregister_group.remote(self._job(None)["id"], group), timeout=REGISTRY_TIMEOUT)
+
+    def cluster_status(self, address: str | None) -> dict[str, Any]:
+        ray = connect(address)
+        actor = self.registry(create=False)
+        found: dict[str, Any] = {"jobs": [], "groups": [], "leases": [], "channels": []}
+        if actor is not None:
+            try:
+                found = ray.get(actor.snapshot.remote(), timeout=REGISTRY_TIMEOUT)
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                raise ConfigError("cluster", f"hwplace's registry on this Ray cluster did not answer ({exc})",
+                                  allowed="check the head node's raylet") from None
+        nodes = [{"node_id": n["NodeID"], "address": n["NodeManagerAddress"], "alive": bool(n.get("Alive"))}
+                 for n in ray.nodes()]
+        return {"cluster": {"address": ray.get_runtime_context().gcs_address, "nodes": nodes}, **found}
+
     def start_group(self, request: GroupRequest) -> GroupRuntime:
         from hwplace_plugins.ray.runtime import RayGroupRuntime  # noqa: PLC0415 (imports Ray: loaded on first use)
 
@@ -239,7 +275,11 @@ class RayExecutor(hwplace.Executor):
             raise ConfigError("channel name", f"a channel named {name!r} exists",
                               allowed="connect to it with Channel.connect(name), or choose another name") from None
         self._channels[name] = actor
-        return self._address(name, actor)
+        address = self._address(name, actor)
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):  # what hwplace status shows, no more
+            ray.get(self.registry().register_channel.remote(self._job(None), name, address.where),
+                    timeout=REGISTRY_TIMEOUT)
+        return address
 
     def connect_channel(self, name: str) -> ChannelAddress:
         ray = import_ray()

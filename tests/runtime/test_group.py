@@ -398,6 +398,8 @@ class InProcessExecutor(hwplace.Executor):
         self.ports: list[str] = []
         self.started: list[LaunchedRuntime] = []
         self.polls = 0
+        self.registered: list[Any] = []
+        self.deregistered: list[str] = []
 
     def discover(self, config: Any, plugin_manager: Any) -> list[hwplace.Node]:
         return list(fake_cluster(config, accelerators_per_node=4, plugin_manager=plugin_manager).nodes)
@@ -405,6 +407,12 @@ class InProcessExecutor(hwplace.Executor):
     def free_port(self, node: hwplace.Node) -> int:
         self.ports.append(node.node_id)
         return 29400 + node.rank
+
+    def register_group(self, record: Any) -> None:
+        self.registered.append(record)
+
+    def deregister_group(self, group: str) -> None:
+        self.deregistered.append(group)
 
     def start_group(self, request: GroupRequest) -> GroupRuntime:
         runtime = LaunchedRuntime(request, self.polls)

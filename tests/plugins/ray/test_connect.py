@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -13,7 +14,8 @@ import tempfile
 import pytest
 
 import hwplace
-from hwplace_plugins.ray.executor import check_reachable
+from hwplace.pytest_plugin import LocalRay
+from hwplace_plugins.ray.connect import check_reachable
 
 pytest.importorskip("ray")
 
@@ -68,3 +70,12 @@ def test_without_ray_installed_the_error_says_how_to_get_it(monkeypatch: pytest.
     with pytest.raises(hwplace.ConfigError, match=r"^cluster\.executor: the Ray executor needs Ray, which is not "
                        r"installed \(.*\); pip install 'hwplace\[ray\]'$"):
         hwplace.Cluster({"num_nodes": 1})
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "local"])
+def test_a_connected_driver_refuses_an_address_that_is_not_its_cluster(hwplace_local_ray: LocalRay,
+                                                                       address: str) -> None:
+    with pytest.raises(hwplace.ConfigError, match=r"^cluster\.address: this process is already connected to the Ray "
+                       rf"cluster at {re.escape(hwplace_local_ray.address)}, so it cannot "):
+        hwplace.Cluster({"num_nodes": 1, "address": address})
+    assert hwplace.Cluster({"num_nodes": 1, "address": hwplace_local_ray.address}).num_nodes == 1

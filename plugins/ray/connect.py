@@ -1,0 +1,118 @@
+"""How the Ray executor reaches Ray: the driver's connection, an address checked at once (reachable, and not
+refusing this process for want of Ray's authentication token), and never a second cluster for one driver.
+
+Ray is imported when a function is called, never at import.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import TYPE_CHECKING
+
+from hwplace import ConfigError
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+CONNECT_TIMEOUT = 5.0  # seconds to reach a host:port address before Ray's own, much longer, retries
+
+
+def import_ray() -> ModuleType:
+    try:
+        import ray  # noqa: PLC0415 (optional: Ray, imported on first use)
+    except ImportError as exc:
+        raise ConfigError("cluster.executor", f"the Ray executor needs Ray, which is not installed ({exc})",
+                          allowed="pip install 'hwplace[ray]'") from None
+    return ray
+
+
+def connect(address: str | None) -> ModuleType:
+    """Ray, connected: the driver's existing connection, else ``address`` (or ``RAY_ADDRESS``, or a Ray started
+    on this machine), else a new embedded local Ray. ``address: local`` always starts a new one.
+
+    With a connection already made, an address that names another cluster (or ``local``) is an error: the
+    driver cannot join two clusters, and ignoring the config would run the job somewhere else than it says.
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        check_same_cluster(ray, address)
+        return ray
+    target = address or os.environ.get("RAY_ADDRESS") or None
+    if target and target not in ("auto", "local") and "://" not in target:
+        check_reachable(target)
+        check_authenticated(target)
+    try:
+        ray.init(address=address, log_to_driver=True)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
+        raise ConfigError("cluster.address", f"cannot connect to {where}: {exc}",
+                          allowed="'auto' (a running cluster), 'local' (a new one on this machine), "
+                          "'host:port' or 'ray://host:port'; leave it out to use a running Ray or start one") from None
+    return ray
+
+
+def check_same_cluster(ray: ModuleType, address: str | None) -> None:
+    """Refuse an ``address`` that is not the cluster this process is connected to (``None`` and ``auto`` accept it)."""
+    if address in (None, "auto"):
+        return
+    joined = ray.get_runtime_context().gcs_address
+    if address != "local" and "://" not in address and _resolved(address) == _resolved(joined):
+        return
+    raise ConfigError("cluster.address", f"this process is already connected to the Ray cluster at {joined}, so "
+                      f"it cannot {'start a new local one' if address == 'local' else 'join ' + repr(address)}",
+                      value=address, allowed=f"leave cluster.address out (or write {joined}) to use the connected "
+                      "cluster, or call ray.shutdown() first")
+
+
+def _resolved(address: str) -> tuple[str, str]:
+    host, _, port = address.rpartition(":")
+    try:
+        return socket.gethostbyname(host.strip("[]")), port
+    except OSError:
+        return host, port
+
+
+TOKEN_HELP = ("set RAY_AUTH_MODE=token and give this process the cluster's token: RAY_AUTH_TOKEN=$(ray "
+              "get-auth-token) where the head node runs, or its ~/.ray/auth_token copied here (or RAY_AUTH_TOKEN_PATH)")
+
+
+def check_authenticated(address: str) -> None:
+    """Fail at once, saying why and what to do, when the cluster at ``address`` refuses this process: Ray's token
+    authentication (on by default for ``ray start`` clusters) and no or a wrong token here. Ray itself retries
+    for 20 s and then says only that it could not connect."""
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # noqa: PLC0415 (optional: Ray)
+    from ray.exceptions import AuthenticationError  # noqa: PLC0415 (optional: Ray)
+
+    try:
+        GcsClient(address=address).internal_kv_get(b"hwplace", None, timeout=CONNECT_TIMEOUT)
+    except AuthenticationError:
+        pass
+    except Exception:
+        return
+    else:
+        return
+    if os.environ.get("RAY_AUTH_MODE", "").strip().lower() != "token":
+        why = "this process does not use it (RAY_AUTH_MODE is not 'token': Ray never sends a token to an " \
+              "address given explicitly unless told to)"
+    elif not any(os.environ.get(v) for v in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")) and \
+            not os.path.isfile(os.path.expanduser("~/.ray/auth_token")):
+        why = "this process has no token"
+    else:
+        why = "the token this process has is not the cluster's"
+    raise ConfigError("cluster.address", f"the Ray cluster at {address} refused the connection: it requires Ray's "
+                      f"token authentication and {why}", allowed=TOKEN_HELP)
+
+
+def check_reachable(address: str) -> None:
+    """Fail at once when nothing answers at a ``host:port`` Ray address (Ray itself retries for minutes)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError("cluster.address", f"{address!r} is not host:port",
+                          allowed="'auto', 'local', 'host:port' or 'ray://host:port'")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as exc:
+        raise ConfigError("cluster.address", f"nothing answers at {address} ({exc.strerror or exc})",
+                          allowed="the address of a running Ray head (ray start --head prints it), 'auto' for the "
+                          "one on this machine, or leave it out to start an embedded local Ray") from None
