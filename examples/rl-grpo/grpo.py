@@ -294,7 +294,7 @@ def wait_watching(handle: hwplace.Handle, producers: dict[str, hwplace.Handle]) 
 
 DEFAULTS: dict[str, Any] = {
     "steps": 300, "tasks": ["sort", "reverse"], "min_digits": 3, "max_digits": 5, "group_size": 8,
-    "prompts_per_batch": 4, "tokens_per_rank": 700, "demo_tokens_per_rank": 40, "micro_batches": 2,
+    "prompts_per_batch": 4, "tokens_per_rank": 700, "demo_tokens_per_rank": 20, "micro_batches": 2,
     "learning_rate": 3e-3, "rl_weight": 1.0, "demo_weight": 0.5, "max_staleness": 0, "eval_every": 25,
     "eval_prompts": 200, "seed": 0,
 }
