@@ -175,6 +175,7 @@ class RayHandle(Handle):
         self._what = what
         self._index = {ref: i for i, ref in enumerate(refs)}
         self._outcomes: dict[int, Any] = {}
+        self._cancelled = False  # once cancelled, every rank ends soon: wait reports them in rank order
 
     def _collect(self, refs: list[Any]) -> None:
         for ref in refs:
@@ -196,6 +197,10 @@ class RayHandle(Handle):
     def wait(self, timeout: float | None = None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         pending = self._pending()
+        if self._cancelled and pending:  # every rank ends soon: report them in rank order, not arrival order
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=remaining)
+            self._collect(ready)
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
             if not ready:
@@ -243,6 +248,7 @@ class RayHandle(Handle):
         running = [ref for ref in pending if ref not in finished]
         if not running:
             return False
+        self._cancelled = True
         if self._interruptible:  # an async method: Ray cancels its asyncio task
             for ref in running:
                 ray.cancel(ref, recursive=False)
