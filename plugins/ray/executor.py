@@ -57,6 +57,7 @@ class RayExecutor(hwplace.Executor):
         self._arbiters: dict[str, Any] = {}  # the turn arbiter of each node, by node id
         self._registry: tuple[str, Any] | None = None  # (the cluster's address, its registry actor)
         self._job_name: str | None = None
+        self._session = ""  # the Ray session (job id) the handles above belong to
 
     def remote(self, name: str) -> Any:
         """A Ray remote function or actor class of this plugin, made once per process."""
@@ -136,9 +137,18 @@ class RayExecutor(hwplace.Executor):
         ray = import_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415 (optional: Ray)
 
+        if not ray.is_initialized():
+            raise PlacementError("the Ray session this cluster was discovered in has ended (ray.shutdown()); "
+                                 "make a new hwplace.Cluster")
         task = self.remote("free_port").options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id,
                                                                                                  soft=False))
-        return int(ray.get(task.remote(), timeout=STARTUP_ALLOWANCE))
+        try:
+            return int(ray.get(task.remote(), timeout=STARTUP_ALLOWANCE))
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            lines = [line for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+            raise PlacementError(f"node {node.rank} ({node.address}, Ray node {node.node_id[:12]}) cannot run a "
+                                 f"task: {lines[0].strip()}; the node may be gone: make a new hwplace.Cluster to "
+                                 "see the nodes there are now") from None
 
     def where(self) -> str:
         return f"Ray cluster at {import_ray().get_runtime_context().gcs_address}"
@@ -149,6 +159,8 @@ class RayExecutor(hwplace.Executor):
         ray = import_ray()
         from hwplace_plugins.ray import registry  # noqa: PLC0415 (imports Ray's state: loaded on first use)
 
+        with self._lock:
+            self._forget_ended_sessions()
         cluster = ray.get_runtime_context().gcs_address
         if self._registry is None or self._registry[0] != cluster:
             if not create:
@@ -178,8 +190,23 @@ class RayExecutor(hwplace.Executor):
             raise PlacementError(f"hwplace's registry on this Ray cluster did not answer ({exc}); it keeps "
                                  "the device leases, so nothing was launched") from None
 
+    def _forget_ended_sessions(self) -> None:
+        """Forget what belonged to a Ray session that has ended: its groups' names, the handles of its actors."""
+        from hwplace_plugins.ray.runtime import session  # noqa: PLC0415 (imports Ray: loaded on first use)
+
+        now = session()
+        if now == self._session:
+            return
+        self._session = now
+        for name in [n for n, g in self._groups.items() if getattr(g, "session", now) != now]:
+            del self._groups[name]
+        self._channels.clear()
+        self._arbiters.clear()
+        self._registry = None
+
     def register_group(self, record: GroupRecord) -> None:
         with self._lock:
+            self._forget_ended_sessions()
             if record.group in self._groups:
                 raise ConfigError("name", f"a worker group named {record.group!r} is running",
                                   allowed="shut it down first (group.shutdown()) or choose another name")
@@ -217,6 +244,7 @@ class RayExecutor(hwplace.Executor):
         from hwplace_plugins.ray.runtime import RayGroupRuntime  # noqa: PLC0415 (imports Ray: loaded on first use)
 
         with self._lock:
+            self._forget_ended_sessions()
             if request.name in self._groups:
                 raise ConfigError("name", f"a worker group named {request.name!r} is running",
                                   allowed="shut it down first (group.shutdown()) or choose another name")
@@ -239,9 +267,12 @@ class RayExecutor(hwplace.Executor):
 
         return find_arbiter(placement.node_id)
 
-    def _release(self, name: str) -> None:
+    def _release(self, name: str, ended: bool = False) -> None:
+        """Free a group's name; ``ended``: its Ray session ended, and what it recorded in Ray with it."""
         with self._lock:
             self._groups.pop(name, None)
+        if ended:
+            return
         internal_kv()._internal_kv_del(f"group:{name}", namespace=kv_namespace())
         rendezvous().delete_entry(name)
 
@@ -301,6 +332,9 @@ class RayExecutor(hwplace.Executor):
             host, port, token, maxsize, node_id = ray.get(actor.start.remote())
         except ray.exceptions.RayActorError as exc:
             raise hwplace.ChannelLost(f"channel {name!r}: its host process is gone ({first_line(exc)})") from None
+        except ray.exceptions.ActorUnschedulableError as exc:
+            raise hwplace.ChannelLost(f"channel {name!r}: its host cannot start, its node is gone "
+                                      f"({first_line(exc)})") from None
         where = f"{host} (Ray node {node_id[:12]})"
         return ChannelAddress(name, host, port, token, maxsize, where, RayObjectStore(actor, f"channel {name!r}"))
 
