@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import threading
 from collections.abc import Sequence
@@ -129,6 +130,14 @@ class RayExecutor(hwplace.Executor):
             try:
                 results.append(ray.get(ref))
             except ray.exceptions.RayError as exc:
+                missing = _missing_hwplace(exc)
+                if missing:
+                    raise ConfigError("cluster", f"the workers of Ray node {node.node_id[:12]} ({node.address}) "
+                                      f"cannot import hwplace ({missing}): this cluster's nodes run a Python "
+                                      "without it", allowed="install hwplace (the driver's version, with its "
+                                      "plugins) in the Python environment each node's 'ray start' runs in, and "
+                                      "restart those nodes; or pass it to the workers with Ray's runtime_env "
+                                      "(py_modules or pip) when you call ray.init yourself") from None
                 raise ConfigError("cluster", f"hardware detection failed on node {node.node_id[:12]} "
                                   f"({node.address}): {exc}") from None
         return results
@@ -348,6 +357,18 @@ class RayExecutor(hwplace.Executor):
         if rank >= len(nodes):
             raise ConfigError("group_rank_affinity", f"group {group!r} has ranks 0-{len(nodes) - 1}", value=rank)
         return str(nodes[rank])
+
+
+def _missing_hwplace(error: BaseException) -> str | None:
+    """The import failure behind a probe's error when a node's workers lack hwplace (or its Ray plugin), or
+    ``None`` for any other failure."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ImportError) and (seen.name or "").partition(".")[0] in ("hwplace", "hwplace_plugins"):
+            return f"{type(seen).__name__}: {seen}"
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    found = re.search(r"(ModuleNotFoundError|ImportError): (No module named '?hwplace[\w.]*'?)", str(error))
+    return f"{found.group(1)}: {found.group(2)}" if found else None
 
 
 def internal_kv() -> ModuleType:
