@@ -49,11 +49,14 @@ class ChannelServer:
     """Serves one channel's queues to its clients; runs on the host's event loop.
 
     ``on_drop(key)`` is called for each by-reference payload that leaves the channel without being got (a
-    put that failed, items dropped by ``close``), so the host can release the object.
+    put that failed, items dropped by ``close``), so the host can release the object; ``on_close()`` once,
+    when a client closes the channel, so the host can tell whoever lists the channels.
     """
 
-    def __init__(self, maxsize: int, on_drop: Callable[[bytes], None] | None = None) -> None:
+    def __init__(self, maxsize: int, on_drop: Callable[[bytes], None] | None = None,
+                 on_close: Callable[[], None] | None = None) -> None:
         self._on_drop = on_drop
+        self.on_close = on_close
         self.queues = WeightedQueues(maxsize, on_stale=lambda payload: self.drop([payload]))
         self.token = os.urandom(TOKEN_SIZE)
         self._dirty: set[_Connection] = set()
@@ -208,8 +211,11 @@ class _Connection(asyncio.Protocol):
             stats = queues.stats(queue)
             self.reply(rid, Status.OK, STATS_COUNTS.pack(stats.puts, stats.gets, stats.stale, stats.size))
         elif op == CLOSE:
+            first = not queues.closed
             self.server.drop(queues.close())
             self.reply(rid, Status.OK, b"")
+            if first and self.server.on_close is not None:
+                self.server.on_close()
         else:
             self.reply(rid, BAD_REQUEST, f"unknown operation {op}".encode())
 

@@ -310,7 +310,7 @@ class RayExecutor(hwplace.Executor):
         try:
             actor = self.remote("channel").options(
                 name=ACTOR_PREFIX + name, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(maxsize)
+            ).remote(maxsize, name)
         except ValueError:
             raise ConfigError("channel name", f"a channel named {name!r} exists",
                               allowed="connect to it with Channel.connect(name), or choose another name") from None
