@@ -19,6 +19,7 @@ from ray import cloudpickle
 from hwplace import ChannelLost
 from hwplace.executor import ChannelServer, ObjectStore
 from hwplace_plugins.ray import registry
+from hwplace_plugins.ray.orphans import exit_with_raylet
 from hwplace_plugins.ray.runtime import first_line
 
 
@@ -26,6 +27,7 @@ class ChannelHost:
     """One channel's host process: the channel server, and the object references its queued items hold."""
 
     def __init__(self, maxsize: int, name: str | None = None) -> None:
+        exit_with_raylet()
         self._held: dict[bytes, Any] = {}
         self._name = name
         self._server = ChannelServer(maxsize, on_drop=self._drop, on_close=self._closed)

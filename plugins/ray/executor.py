@@ -307,19 +307,43 @@ class RayExecutor(hwplace.Executor):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415 (optional: Ray)
 
         node_id = ray.get_runtime_context().get_node_id() if group is None else self._node_of(group, rank)
+        options = {"name": ACTOR_PREFIX + name,
+                   "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
         try:
-            actor = self.remote("channel").options(
-                name=ACTOR_PREFIX + name, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(maxsize, name)
+            actor = self.remote("channel").options(**options).remote(maxsize, name)
         except ValueError:
-            raise ConfigError("channel name", f"a channel named {name!r} exists",
-                              allowed="connect to it with Channel.connect(name), or choose another name") from None
+            if not self._free_dead_name(name):
+                raise ConfigError("channel name", f"a channel named {name!r} exists", allowed="connect to it "
+                                  "with Channel.connect(name), or choose another name") from None
+            actor = self.remote("channel").options(**options).remote(maxsize, name)
         self._channels[name] = actor
         address = self._address(name, actor)
         with contextlib.suppress(ray.exceptions.RayError, TimeoutError):  # what hwplace status shows, no more
             ray.get(self.registry().register_channel.remote(self._job(None), name, address.where),
                     timeout=REGISTRY_TIMEOUT)
         return address
+
+    def _free_dead_name(self, name: str) -> bool:
+        """Free the name of a channel whose host died (its node's raylet with it, say): Ray keeps a dead actor's
+        name while handles to it live. Whether the name is free now."""
+        ray = import_ray()
+        try:
+            existing = ray.get_actor(ACTOR_PREFIX + name)
+            ray.get(existing.start.remote(), timeout=REGISTRY_TIMEOUT)
+            return False  # alive
+        except ValueError:
+            return True  # gone meanwhile
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError):
+            pass
+        except (ray.exceptions.RayError, TimeoutError):
+            return False
+        self._channels.pop(name, None)
+        with contextlib.suppress(ray.exceptions.RayError, ValueError):
+            ray.kill(existing, no_restart=True)
+        del existing
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+            self.registry().deregister_channel.remote(name)
+        return True
 
     def connect_channel(self, name: str) -> ChannelAddress:
         ray = import_ray()

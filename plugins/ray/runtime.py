@@ -12,6 +12,7 @@ import contextlib
 import inspect
 import re
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pickle import PicklingError
@@ -33,12 +34,14 @@ from hwplace.executor import (
     run_method_async,
     start_worker,
 )
+from hwplace_plugins.ray.orphans import exit_with_raylet
 
 
 class WorkerHost:
     """Hosts one worker in a Ray actor process."""
 
     def __init__(self, shared: tuple[bytes, tuple[Any, ...], Mapping[str, Any]], context: WorkerContext) -> None:
+        exit_with_raylet()
         payload, args, kwargs = shared
         # Plain methods run on a thread of their own, where a blocking ray.get (a channel's, say) is fine:
         # Ray's warning against blocking inside an async actor does not apply to them.
@@ -155,7 +158,19 @@ class RayGroupRuntime(GroupRuntime):
         if not ended:
             for actor in self.actors:
                 ray.kill(actor, no_restart=True)
+            self._warn_of_dead_nodes()
         self._release(self.name, ended)
+
+    def _warn_of_dead_nodes(self) -> None:
+        """Say which workers Ray could not stop: those of a node whose raylet is gone."""
+        dead = {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
+        lost = [(rank, spec.node) for rank, spec in enumerate(self.specs) if spec.node.node_id in dead]
+        if lost:
+            warnings.warn(f"group {self.name!r}: Ray could not stop rank(s) " + ", ".join(
+                f"{rank} (node {node.rank}, {node.address}, Ray node {node.node_id[:12]})" for rank, node in lost)
+                + ": their node's raylet is gone; hwplace's worker processes exit when their raylet does, so "
+                "none should be left, but check those machines for leftover processes if the node was not "
+                "stopped cleanly", RuntimeWarning, stacklevel=4)
 
     def failure(self, rank: int, what: str, outcome: Any) -> HwplaceError | None:
         """The error an outcome of ``rank`` stands for, or ``None`` for a result."""
