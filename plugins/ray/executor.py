@@ -200,7 +200,8 @@ class RayExecutor(hwplace.Executor):
                                  "the device leases, so nothing was launched") from None
 
     def _forget_ended_sessions(self) -> None:
-        """Forget what belonged to a Ray session that has ended: its groups' names, the handles of its actors."""
+        """Forget what belonged to a Ray session that has ended: its groups' names, the handles of its actors.
+        Called (with the lock held) before any of those is kept, so what is kept belongs to ``self._session``."""
         from hwplace_plugins.ray.runtime import session  # noqa: PLC0415 (imports Ray: loaded on first use)
 
         now = session()
@@ -297,6 +298,8 @@ class RayExecutor(hwplace.Executor):
     def create_board(self, name: str, group: str, rank: int) -> VersionBoard:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415 (optional: Ray)
 
+        with self._lock:
+            self._forget_ended_sessions()  # before a handle of this session is kept
         actor = self.remote("board").options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_of(group, rank), soft=False)).remote()
         self._channels[f"board:{name}:{id(actor)}"] = actor  # kept, like channels, while this executor lives
@@ -306,6 +309,8 @@ class RayExecutor(hwplace.Executor):
         ray = import_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415 (optional: Ray)
 
+        with self._lock:
+            self._forget_ended_sessions()  # before a handle of this session is kept
         node_id = ray.get_runtime_context().get_node_id() if group is None else self._node_of(group, rank)
         options = {"name": ACTOR_PREFIX + name,
                    "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
