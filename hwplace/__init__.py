@@ -13,7 +13,8 @@ from hwplace import executor as executor
 from hwplace import testing
 from hwplace.application.job import Job, run_job
 from hwplace.channels.balance import balanced_split, imbalance
-from hwplace.channels.channel import Channel, ChannelHandle
+from hwplace.channels.channel import Channel
+from hwplace.channels.handle import ChannelHandle
 from hwplace.channels.queues import QueueStats
 from hwplace.config.loading import load_config
 from hwplace.config.records import ClusterConfig, NodeGroup

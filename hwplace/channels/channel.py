@@ -12,13 +12,13 @@ import os
 import pickle
 import struct
 import threading
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, SupportsFloat, SupportsIndex, overload
 
 from hwplace.channels import wire
 from hwplace.channels.arguments import check_name, queue_bytes, timeout_of, version_of, weight_of
+from hwplace.channels.handle import ChannelHandle, withdraw
 from hwplace.channels.queues import QueueStats, Status
-from hwplace.channels.wire import Reply
 from hwplace.contracts.executor import ChannelAddress, ObjectStore
 from hwplace.foundation.errors import (
     ChannelClosed,
@@ -66,16 +66,18 @@ def _dumps(item: Any, store: ObjectStore, buffer_callback: Callable[[pickle.Pick
     return store.dumps(item, buffer_callback)
 
 
-def encode(item: Any, store: ObjectStore) -> bytes:
-    """A payload: the pickled item inline, or the key of the item stashed in the object store."""
+def encode(item: Any, store: ObjectStore, weight: float = 0.0, version: int | None = None) -> bytes:
+    """A payload: the pickled item inline, or the key of the item stashed in the object store, then its weight
+    and version (so that a get whose caller was interrupted can put it back as it was)."""
+    trailer = wire.TRAILER.pack(weight, wire.NO_VERSION if version is None else version)
     if _size_hint(item) < INLINE_LIMIT:
         buffers: list[pickle.PickleBuffer] = []
         data = _dumps(item, store, buffers.append)
         raws = [b.raw() for b in buffers]
         if len(data) + sum(r.nbytes for r in raws) < INLINE_LIMIT:
             head = _BUFFERS.pack(len(raws)) + b"".join(_BUFFER.pack(r.nbytes) for r in raws)
-            return b"".join((wire.INLINE, head, data, *raws))
-    return wire.BY_REFERENCE + store.stash(item)
+            return b"".join((wire.INLINE, head, data, *raws, trailer))
+    return wire.BY_REFERENCE + store.stash(item) + trailer
 
 
 def _size_hint(item: Any) -> int:
@@ -99,7 +101,7 @@ def decode(payloads: Sequence[bytearray], store: ObjectStore) -> list[Any]:
         (count,) = _BUFFERS.unpack_from(view, 1)
         offset = 1 + _BUFFERS.size + count * _BUFFER.size
         sizes = [_BUFFER.unpack_from(view, 1 + _BUFFERS.size + i * _BUFFER.size)[0] for i in range(count)]
-        data_end = len(view) - sum(sizes)
+        data_end = len(view) - wire.TRAILER.size - sum(sizes)
         buffers, at = [], data_end
         for size in sizes:
             buffers.append(view[at : at + size])
@@ -109,83 +111,6 @@ def decode(payloads: Sequence[bytearray], store: ObjectStore) -> list[Any]:
         for (index, _), item in zip(stashed, store.fetch([key for _, key in stashed]), strict=True):
             items[index] = item
     return items
-
-
-def _split_batch(data: bytearray) -> list[bytearray]:
-    (count,) = wire.LENGTH.unpack_from(data, 0)
-    payloads, at = [], wire.LENGTH.size
-    for _ in range(count):
-        (size,) = wire.LENGTH.unpack_from(data, at)
-        at += wire.LENGTH.size
-        payloads.append(data[at : at + size])
-        at += size
-    return payloads
-
-
-class ChannelHandle:
-    """A channel operation in flight (``async_op=True``): ``wait(timeout=None)``, ``done()``, ``await``.
-
-    ``wait`` returns the operation's result or raises its error (:class:`hwplace.ChannelClosed`, ...); an
-    elapsed ``timeout`` here raises ``TimeoutError`` and leaves the operation pending, to wait for again.
-    """
-
-    def __init__(self, reply: Reply, finish: Callable[[int, bytearray], Any], flush: Callable[[], None]) -> None:
-        self._reply = reply
-        self._finish = finish
-        self._flush = flush
-        self._lock = threading.Lock()
-        self._outcome: tuple[bool, Any] | None = None
-
-    def done(self) -> bool:
-        self._flush()
-        return self._reply.done()
-
-    def wait(self, timeout: float | None = None) -> Any:
-        timeout = timeout_of(timeout)  # a negative or NaN timeout would wait forever, or raise a bare ValueError
-        self._flush()
-        try:
-            self._reply.result(timeout)
-        except TimeoutError:
-            if not self._reply.done():
-                raise TimeoutError(f"the channel operation is still pending after {timeout:g} s; "
-                                   "wait again to get its result") from None
-        return self._result()
-
-    def _result(self) -> Any:
-        with self._lock:  # the result is worked out once: fetching a stashed item takes it from the host
-            if self._outcome is None:
-                try:
-                    self._outcome = (True, self._finish(*self._reply.result()))
-                except HwplaceError as exc:
-                    self._outcome = (False, exc)
-        ok, value = self._outcome
-        if not ok:
-            raise value
-        return value
-
-    async def wait_async(self) -> Any:
-        import asyncio  # noqa: PLC0415 (import cost: asyncio only for async callers)
-
-        self._flush()
-        loop = asyncio.get_running_loop()
-        arrived = loop.create_future()
-
-        def settle() -> None:
-            if not arrived.done():  # cancelled, if the awaiting task was
-                arrived.set_result(None)
-
-        def wake(_: Reply) -> None:
-            loop.call_soon_threadsafe(settle)
-
-        self._reply.add_done_callback(wake)
-        await arrived
-        return self._result()
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        return self.wait_async().__await__()
-
-    def __repr__(self) -> str:
-        return f"<ChannelHandle {'done' if self.done() else 'pending'}>"
 
 
 class Channel:
@@ -251,8 +176,8 @@ class Channel:
               payload: bytes = b"", async_op: bool = False, version: int | None = None) -> Any:
         """Send one request; its result, or (``async_op``) a handle on it."""
         connection = _connection(self._address)
-        reply = connection.request(op, number, timeout, queue_bytes(queue_name), payload, defer=async_op,
-                                   version=version)
+        queue = queue_bytes(queue_name)
+        reply = connection.request(op, number, timeout, queue, payload, defer=async_op, version=version)
 
         def finish(status: int, data: bytearray) -> Any:
             if status != Status.OK:
@@ -260,16 +185,25 @@ class Channel:
             if what == "get":
                 return decode([data], self._address.store)[0]
             if what == "get_batch":
-                return decode(_split_batch(data), self._address.store)
+                return decode(wire.split_batch(data), self._address.store)
             if what == "qsize":
                 return wire.COUNTS.unpack(data)
             if what == "stats":
                 return QueueStats(*wire.STATS_COUNTS.unpack(data))
             return None
 
+        where = f"channel {self.name!r}, queue {queue_name!r}"
         if async_op:
-            return ChannelHandle(reply, finish, connection.flush)
-        return finish(*reply.result())
+            return ChannelHandle(reply, finish, connection, op, queue, where)
+        try:
+            outcome = reply.result()
+        except BaseException as exc:  # a signal handler's exception, a KeyboardInterrupt: the caller stops waiting
+            if reply.failed_with(exc) or op not in (wire.PUT, wire.GET, wire.GET_BATCH):
+                raise
+            # ...so the host must not hand the request an item later (nor let its put in unbeknown to it).
+            exc.add_note(withdraw(connection, reply, op, queue, where))
+            raise
+        return finish(*outcome)
 
     def _error(self, what: str, queue_name: str, status: int, timeout: float | None, data: bytearray) -> HwplaceError:
         where = f"channel {self.name!r}, queue {queue_name!r}"
@@ -302,7 +236,7 @@ class Channel:
         ``version`` (a whole number >= 0) tags the item, for getters that ask for a ``min_version``.
         """
         weight, timeout, version = weight_of(weight, "weight"), timeout_of(timeout), version_of(version, "version")
-        payload = encode(item, self._address.store)
+        payload = encode(item, self._address.store, weight, version)
         return self._call(wire.PUT, "put", queue_name, weight, timeout, payload,  # type: ignore[no-any-return]
                           async_op, version)
 
@@ -310,8 +244,8 @@ class Channel:
                    version: SupportsIndex | None = None) -> None:
         """Append ``item`` at once; :class:`hwplace.ChannelFull` (a ``queue.Full``) when the queue is full."""
         weight, version = weight_of(weight, "weight"), version_of(version, "version")
-        self._call(wire.PUT_NOWAIT, "put_nowait", queue_name, weight, None, encode(item, self._address.store),
-                   version=version)
+        payload = encode(item, self._address.store, weight, version)
+        self._call(wire.PUT_NOWAIT, "put_nowait", queue_name, weight, None, payload, version=version)
 
     def get(self, queue_name: str = "default", async_op: bool = False, timeout: float | None = None, *,
             min_version: SupportsIndex | None = None) -> Any:

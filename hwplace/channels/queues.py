@@ -213,6 +213,19 @@ class WeightedQueues:
         self._settle(queue)
         self._forget_if_idle(ticket.queue, queue)
 
+    def put_back(self, name: str, entries: list[Entry]) -> bool:
+        """Return items a getter was handed but its caller never took (it was interrupted) to the head of queue
+        ``name``, in order and past ``maxsize`` (as a cancelled ``get_batch``'s); they no longer count as got.
+        ``False`` once the channel is closed (the items are not taken back)."""
+        if self.closed:
+            return False
+        queue = self._queue(name)
+        queue.items.extendleft(reversed(entries))
+        self._count(name, 1, -len(entries))
+        self._settle(queue)
+        self._forget_if_idle(name, queue)
+        return True
+
     def close(self) -> list[Any]:
         """Close every queue: each waiter gets ``CLOSED``. Returns the items dropped (queued, held or waiting)."""
         self.closed = True

@@ -10,6 +10,7 @@ import asyncio
 import hmac
 import os
 import socket
+import struct
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -17,7 +18,9 @@ from hwplace.channels.queues import Status, Ticket, WeightedQueues
 from hwplace.channels.wire import (
     AUTH_TIMEOUT,
     BAD_REQUEST,
+    CANCEL,
     CLOSE,
+    COMPLETED,
     COUNTS,
     GET,
     GET_BATCH,
@@ -31,10 +34,14 @@ from hwplace.channels.wire import (
     QSIZE,
     REPLY,
     REQUEST,
+    REQUEUE,
     STATS,
     STATS_COUNTS,
     TOKEN_SIZE,
+    TRAILER,
+    WITHDRAWN,
     reference_key,
+    split_batch,
 )
 
 
@@ -42,11 +49,14 @@ class ChannelServer:
     """Serves one channel's queues to its clients; runs on the host's event loop.
 
     ``on_drop(key)`` is called for each by-reference payload that leaves the channel without being got (a
-    put that failed, items dropped by ``close``), so the host can release the object.
+    put that failed, items dropped by ``close``), so the host can release the object; ``on_close()`` once,
+    when a client closes the channel, so the host can tell whoever lists the channels.
     """
 
-    def __init__(self, maxsize: int, on_drop: Callable[[bytes], None] | None = None) -> None:
+    def __init__(self, maxsize: int, on_drop: Callable[[bytes], None] | None = None,
+                 on_close: Callable[[], None] | None = None) -> None:
         self._on_drop = on_drop
+        self.on_close = on_close
         self.queues = WeightedQueues(maxsize, on_stale=lambda payload: self.drop([payload]))
         self.token = os.urandom(TOKEN_SIZE)
         self._dirty: set[_Connection] = set()
@@ -88,6 +98,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.greeted = False
         self.waiting: dict[Ticket, asyncio.TimerHandle | None] = {}
+        self.by_id: dict[int, Ticket] = {}  # the waiting requests by their id, for a CANCEL
         self._unauthenticated: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -108,6 +119,7 @@ class _Connection(asyncio.Protocol):
                 timer.cancel()
             self.server.queues.cancel(ticket)
         self.waiting.clear()
+        self.by_id.clear()
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -163,11 +175,30 @@ class _Connection(asyncio.Protocol):
             self.reply(rid, status, value)
 
         if op in (PUT, PUT_NOWAIT):
-            self._wait(queues.put(queue, payload, number, answer, block=op == PUT, version=tag), timeout)
+            self._wait(rid, queues.put(queue, payload, number, answer, block=op == PUT, version=tag), timeout)
         elif op in (GET, GET_NOWAIT):
-            self._wait(queues.get(queue, answer, block=op == GET, min_version=tag), timeout)
+            self._wait(rid, queues.get(queue, answer, block=op == GET, min_version=tag), timeout)
         elif op == GET_BATCH:
-            self._wait(queues.get_batch(queue, number, answer, min_version=tag), timeout)
+            self._wait(rid, queues.get_batch(queue, number, answer, min_version=tag), timeout)
+        elif op == CANCEL:
+            # Requests of a connection are answered in order: if the one named is not waiting, its reply went
+            # out before this one, and the client learns from it what became of the request.
+            ticket = self.by_id.get(int(number))
+            if ticket is not None:
+                queues.cancel(ticket)  # its own reply (TIMEOUT) goes out first
+            self.reply(rid, Status.OK, WITHDRAWN if ticket is not None else COMPLETED)
+        elif op == REQUEUE:
+            try:
+                payloads = [bytes(p) for p in split_batch(payload)]
+                entries = [(p, *TRAILER.unpack_from(p, len(p) - TRAILER.size)) for p in payloads]
+            except struct.error:
+                self.reply(rid, BAD_REQUEST, b"a malformed REQUEUE")
+                return
+            if queues.put_back(queue, [(p, w, None if v < 0 else v) for p, w, v in entries]):
+                self.reply(rid, Status.OK, None)
+            else:
+                self.server.drop(payloads)
+                self.reply(rid, Status.CLOSED, None)
         elif op == QSIZE:
             if queues.closed:
                 self.reply(rid, Status.CLOSED, None)
@@ -180,21 +211,26 @@ class _Connection(asyncio.Protocol):
             stats = queues.stats(queue)
             self.reply(rid, Status.OK, STATS_COUNTS.pack(stats.puts, stats.gets, stats.stale, stats.size))
         elif op == CLOSE:
+            first = not queues.closed
             self.server.drop(queues.close())
             self.reply(rid, Status.OK, b"")
+            if first and self.server.on_close is not None:
+                self.server.on_close()
         else:
             self.reply(rid, BAD_REQUEST, f"unknown operation {op}".encode())
 
-    def _wait(self, ticket: Ticket | None, timeout: float) -> None:
+    def _wait(self, rid: int, ticket: Ticket | None, timeout: float) -> None:
         """Track a request left waiting; with a timeout, cancel it when the timeout elapses."""
         if ticket is None:
             return
         queues = self.server.queues
         timer = None if timeout < 0 else asyncio.get_running_loop().call_later(timeout, queues.cancel, ticket)
         self.waiting[ticket] = timer
+        self.by_id[rid] = ticket
         reply = ticket.reply
 
         def finished(status: Status, value: Any) -> None:
+            self.by_id.pop(rid, None)
             handle = self.waiting.pop(ticket, None)
             if handle is not None:
                 handle.cancel()

@@ -39,6 +39,10 @@ FLUSH_DELAY = 0.0005  # ...or this many seconds after the first of them
 HELLO, PUT, PUT_NOWAIT, GET, GET_NOWAIT, GET_BATCH, QSIZE, CLOSE = range(8)
 BAD_REQUEST = 9  # a reply status besides queues.Status: the request was malformed
 STATS = 10  # a queue's counters (an op, numbered after BAD_REQUEST)
+CANCEL = 11  # withdraw the waiting request whose id is the number; the reply says WITHDRAWN or COMPLETED
+REQUEUE = 12  # put items a withdrawn get had already been handed back at the head of the queue
+WITHDRAWN, COMPLETED = b"\x01", b"\x00"  # a CANCEL's reply: the request was withdrawn, or had ended before
+TRAILER = struct.Struct("!dq")  # the end of every payload: its weight and version (< 0: none), for a REQUEUE
 INLINE, BY_REFERENCE = b"\x00", b"\x01"  # the first byte of a payload
 KEY_SIZE = 16
 
@@ -55,6 +59,22 @@ def encode_request(op: int, rid: int, number: float, timeout: float | None, queu
                         NO_VERSION if version is None else version, len(queue)) + queue + payload
 
 
+def split_batch(data: bytes | bytearray) -> list[bytearray]:
+    """The payloads of a ``get_batch`` reply (or a ``REQUEUE`` request): a count, then length-prefixed payloads."""
+    (count,) = LENGTH.unpack_from(data, 0)
+    payloads, at = [], LENGTH.size
+    for _ in range(count):
+        (size,) = LENGTH.unpack_from(data, at)
+        at += LENGTH.size
+        payloads.append(bytearray(data[at : at + size]))
+        at += size
+    return payloads
+
+
+def join_batch(payloads: list[bytes] | list[bytearray]) -> bytes:
+    return LENGTH.pack(len(payloads)) + b"".join(LENGTH.pack(len(p)) + bytes(p) for p in payloads)
+
+
 Outcome = tuple[int, bytearray]
 _callbacks_guard = threading.Lock()
 
@@ -66,9 +86,10 @@ class Reply:
     ``add_done_callback`` is all that async code needs.
     """
 
-    __slots__ = ("_callbacks", "_lock", "_outcome")
+    __slots__ = ("_callbacks", "_lock", "_outcome", "rid")
 
-    def __init__(self) -> None:
+    def __init__(self, rid: int = 0) -> None:
+        self.rid = rid  # the request's id on its connection, to withdraw it by
         self._lock = threading.Lock()
         self._lock.acquire()
         self._outcome: Outcome | BaseException | None = None
@@ -80,7 +101,14 @@ class Reply:
         with _callbacks_guard:
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
-            callback(self)
+            # A callback's failure (an event loop closed since it was added, say) is its own: the reader thread
+            # that sets replies must live on for every other request of the connection.
+            with contextlib.suppress(Exception):
+                callback(self)
+
+    def failed_with(self, error: BaseException) -> bool:
+        """Whether ``error`` is this reply's own outcome (its connection broke), not what befell its caller."""
+        return self._outcome is error
 
     def done(self) -> bool:
         return self._outcome is not None
@@ -138,11 +166,11 @@ class Connection:
 
     def request(self, op: int, number: float, timeout: float | None, queue: bytes, payload: bytes = b"", *,
                 defer: bool = False, version: int | None = None) -> Reply:
-        reply = Reply()
         with self._lock:
             if self.lost is not None:
                 raise ChannelLost(self.lost)
             rid = next(self._ids) & 0xFFFFFFFF
+            reply = Reply(rid)
             self._pending[rid] = reply
             frame = encode_request(op, rid, number, timeout, queue, payload, version)
             self._out.append(frame)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -73,7 +74,7 @@ def local_ray_cluster(
                 raise
         try:
             for rank in range(1, len(counts)):
-                cluster.add_node(**node_args(rank))
+                _add_worker_node(cluster, node_args(rank))
             cluster.wait_for_nodes()
             ray.init(address=cluster.address)
             try:
@@ -82,6 +83,37 @@ def local_ray_cluster(
                 ray.shutdown()
         finally:
             cluster.shutdown()  # type: ignore[no-untyped-call]
+
+
+def _add_worker_node(cluster: Any, args: Mapping[str, Any]) -> None:
+    """Add a node; if that fails (or is interrupted) midway, end the processes it had started: Ray tracks a
+    node's processes only once the node is up, and ``cluster.shutdown()`` stops only those."""
+    before = _children()
+    try:
+        cluster.add_node(**args)
+    except BaseException:
+        for pid in _children() - before:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        raise
+
+
+def _children() -> set[int]:
+    """The ids of this process's child processes now (Linux's ``/proc``; empty where there is none)."""
+    found = set()
+    me = str(os.getpid())
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if len(fields) > 1 and fields[1] == me:
+                found.add(int(entry))
+    return found
 
 
 @contextlib.contextmanager

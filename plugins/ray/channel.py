@@ -8,6 +8,7 @@ if its producer dies before it is got: getting it then raises ``ChannelLost``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,19 +18,31 @@ from ray import cloudpickle
 
 from hwplace import ChannelLost
 from hwplace.executor import ChannelServer, ObjectStore
+from hwplace_plugins.ray import registry
+from hwplace_plugins.ray.orphans import exit_with_raylet
 from hwplace_plugins.ray.runtime import first_line
 
 
 class ChannelHost:
     """One channel's host process: the channel server, and the object references its queued items hold."""
 
-    def __init__(self, maxsize: int) -> None:
+    def __init__(self, maxsize: int, name: str | None = None) -> None:
+        exit_with_raylet()
         self._held: dict[bytes, Any] = {}
-        self._server = ChannelServer(maxsize, on_drop=self._drop)
+        self._name = name
+        self._server = ChannelServer(maxsize, on_drop=self._drop, on_close=self._closed)
         self._address: tuple[str, int, bytes, int, str] | None = None
 
     def _drop(self, key: bytes) -> None:
         self._held.pop(key, None)
+
+    def _closed(self) -> None:
+        """A client closed the channel (over its own connection): the cluster's registry forgets it, so
+        ``hwplace status`` lists it no more. Told without waiting for an answer."""
+        if self._name is None:
+            return
+        with contextlib.suppress(ValueError, ray.exceptions.RayError):  # no registry: nothing lists the channel
+            ray.get_actor(registry.NAME, namespace=registry.NAMESPACE).deregister_channel.remote(self._name)
 
     async def start(self) -> tuple[str, int, bytes, int, str]:
         """Serve; returns the address clients connect to: host, port, token, maxsize and the node's id."""

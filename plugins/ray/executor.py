@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import threading
 from collections.abc import Sequence
@@ -57,6 +58,7 @@ class RayExecutor(hwplace.Executor):
         self._arbiters: dict[str, Any] = {}  # the turn arbiter of each node, by node id
         self._registry: tuple[str, Any] | None = None  # (the cluster's address, its registry actor)
         self._job_name: str | None = None
+        self._session = ""  # the Ray session (job id) the handles above belong to
 
     def remote(self, name: str) -> Any:
         """A Ray remote function or actor class of this plugin, made once per process."""
@@ -128,6 +130,14 @@ class RayExecutor(hwplace.Executor):
             try:
                 results.append(ray.get(ref))
             except ray.exceptions.RayError as exc:
+                missing = _missing_hwplace(exc)
+                if missing:
+                    raise ConfigError("cluster", f"the workers of Ray node {node.node_id[:12]} ({node.address}) "
+                                      f"cannot import hwplace ({missing}): this cluster's nodes run a Python "
+                                      "without it", allowed="install hwplace (the driver's version, with its "
+                                      "plugins) in the Python environment each node's 'ray start' runs in, and "
+                                      "restart those nodes; or pass it to the workers with Ray's runtime_env "
+                                      "(py_modules or pip) when you call ray.init yourself") from None
                 raise ConfigError("cluster", f"hardware detection failed on node {node.node_id[:12]} "
                                   f"({node.address}): {exc}") from None
         return results
@@ -136,9 +146,18 @@ class RayExecutor(hwplace.Executor):
         ray = import_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415 (optional: Ray)
 
+        if not ray.is_initialized():
+            raise PlacementError("the Ray session this cluster was discovered in has ended (ray.shutdown()); "
+                                 "make a new hwplace.Cluster")
         task = self.remote("free_port").options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id,
                                                                                                  soft=False))
-        return int(ray.get(task.remote(), timeout=STARTUP_ALLOWANCE))
+        try:
+            return int(ray.get(task.remote(), timeout=STARTUP_ALLOWANCE))
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            lines = [line for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+            raise PlacementError(f"node {node.rank} ({node.address}, Ray node {node.node_id[:12]}) cannot run a "
+                                 f"task: {lines[0].strip()}; the node may be gone: make a new hwplace.Cluster to "
+                                 "see the nodes there are now") from None
 
     def where(self) -> str:
         return f"Ray cluster at {import_ray().get_runtime_context().gcs_address}"
@@ -149,6 +168,8 @@ class RayExecutor(hwplace.Executor):
         ray = import_ray()
         from hwplace_plugins.ray import registry  # noqa: PLC0415 (imports Ray's state: loaded on first use)
 
+        with self._lock:
+            self._forget_ended_sessions()
         cluster = ray.get_runtime_context().gcs_address
         if self._registry is None or self._registry[0] != cluster:
             if not create:
@@ -178,8 +199,24 @@ class RayExecutor(hwplace.Executor):
             raise PlacementError(f"hwplace's registry on this Ray cluster did not answer ({exc}); it keeps "
                                  "the device leases, so nothing was launched") from None
 
+    def _forget_ended_sessions(self) -> None:
+        """Forget what belonged to a Ray session that has ended: its groups' names, the handles of its actors.
+        Called (with the lock held) before any of those is kept, so what is kept belongs to ``self._session``."""
+        from hwplace_plugins.ray.runtime import session  # noqa: PLC0415 (imports Ray: loaded on first use)
+
+        now = session()
+        if now == self._session:
+            return
+        self._session = now
+        for name in [n for n, g in self._groups.items() if getattr(g, "session", now) != now]:
+            del self._groups[name]
+        self._channels.clear()
+        self._arbiters.clear()
+        self._registry = None
+
     def register_group(self, record: GroupRecord) -> None:
         with self._lock:
+            self._forget_ended_sessions()
             if record.group in self._groups:
                 raise ConfigError("name", f"a worker group named {record.group!r} is running",
                                   allowed="shut it down first (group.shutdown()) or choose another name")
@@ -217,6 +254,7 @@ class RayExecutor(hwplace.Executor):
         from hwplace_plugins.ray.runtime import RayGroupRuntime  # noqa: PLC0415 (imports Ray: loaded on first use)
 
         with self._lock:
+            self._forget_ended_sessions()
             if request.name in self._groups:
                 raise ConfigError("name", f"a worker group named {request.name!r} is running",
                                   allowed="shut it down first (group.shutdown()) or choose another name")
@@ -239,9 +277,12 @@ class RayExecutor(hwplace.Executor):
 
         return find_arbiter(placement.node_id)
 
-    def _release(self, name: str) -> None:
+    def _release(self, name: str, ended: bool = False) -> None:
+        """Free a group's name; ``ended``: its Ray session ended, and what it recorded in Ray with it."""
         with self._lock:
             self._groups.pop(name, None)
+        if ended:
+            return
         internal_kv()._internal_kv_del(f"group:{name}", namespace=kv_namespace())
         rendezvous().delete_entry(name)
 
@@ -257,6 +298,8 @@ class RayExecutor(hwplace.Executor):
     def create_board(self, name: str, group: str, rank: int) -> VersionBoard:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415 (optional: Ray)
 
+        with self._lock:
+            self._forget_ended_sessions()  # before a handle of this session is kept
         actor = self.remote("board").options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_of(group, rank), soft=False)).remote()
         self._channels[f"board:{name}:{id(actor)}"] = actor  # kept, like channels, while this executor lives
@@ -266,20 +309,46 @@ class RayExecutor(hwplace.Executor):
         ray = import_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415 (optional: Ray)
 
+        with self._lock:
+            self._forget_ended_sessions()  # before a handle of this session is kept
         node_id = ray.get_runtime_context().get_node_id() if group is None else self._node_of(group, rank)
+        options = {"name": ACTOR_PREFIX + name,
+                   "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
         try:
-            actor = self.remote("channel").options(
-                name=ACTOR_PREFIX + name, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            ).remote(maxsize)
+            actor = self.remote("channel").options(**options).remote(maxsize, name)
         except ValueError:
-            raise ConfigError("channel name", f"a channel named {name!r} exists",
-                              allowed="connect to it with Channel.connect(name), or choose another name") from None
+            if not self._free_dead_name(name):
+                raise ConfigError("channel name", f"a channel named {name!r} exists", allowed="connect to it "
+                                  "with Channel.connect(name), or choose another name") from None
+            actor = self.remote("channel").options(**options).remote(maxsize, name)
         self._channels[name] = actor
         address = self._address(name, actor)
         with contextlib.suppress(ray.exceptions.RayError, TimeoutError):  # what hwplace status shows, no more
             ray.get(self.registry().register_channel.remote(self._job(None), name, address.where),
                     timeout=REGISTRY_TIMEOUT)
         return address
+
+    def _free_dead_name(self, name: str) -> bool:
+        """Free the name of a channel whose host died (its node's raylet with it, say): Ray keeps a dead actor's
+        name while handles to it live. Whether the name is free now."""
+        ray = import_ray()
+        try:
+            existing = ray.get_actor(ACTOR_PREFIX + name)
+            ray.get(existing.start.remote(), timeout=REGISTRY_TIMEOUT)
+            return False  # alive
+        except ValueError:
+            return True  # gone meanwhile
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnschedulableError):
+            pass
+        except (ray.exceptions.RayError, TimeoutError):
+            return False
+        self._channels.pop(name, None)
+        with contextlib.suppress(ray.exceptions.RayError, ValueError):
+            ray.kill(existing, no_restart=True)
+        del existing
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+            self.registry().deregister_channel.remote(name)
+        return True
 
     def connect_channel(self, name: str) -> ChannelAddress:
         ray = import_ray()
@@ -301,6 +370,9 @@ class RayExecutor(hwplace.Executor):
             host, port, token, maxsize, node_id = ray.get(actor.start.remote())
         except ray.exceptions.RayActorError as exc:
             raise hwplace.ChannelLost(f"channel {name!r}: its host process is gone ({first_line(exc)})") from None
+        except ray.exceptions.ActorUnschedulableError as exc:
+            raise hwplace.ChannelLost(f"channel {name!r}: its host cannot start, its node is gone "
+                                      f"({first_line(exc)})") from None
         where = f"{host} (Ray node {node_id[:12]})"
         return ChannelAddress(name, host, port, token, maxsize, where, RayObjectStore(actor, f"channel {name!r}"))
 
@@ -314,6 +386,18 @@ class RayExecutor(hwplace.Executor):
         if rank >= len(nodes):
             raise ConfigError("group_rank_affinity", f"group {group!r} has ranks 0-{len(nodes) - 1}", value=rank)
         return str(nodes[rank])
+
+
+def _missing_hwplace(error: BaseException) -> str | None:
+    """The import failure behind a probe's error when a node's workers lack hwplace (or its Ray plugin), or
+    ``None`` for any other failure."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ImportError) and (seen.name or "").partition(".")[0] in ("hwplace", "hwplace_plugins"):
+            return f"{type(seen).__name__}: {seen}"
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    found = re.search(r"(ModuleNotFoundError|ImportError): (No module named '?hwplace[\w.]*'?)", str(error))
+    return f"{found.group(1)}: {found.group(2)}" if found else None
 
 
 def internal_kv() -> ModuleType:

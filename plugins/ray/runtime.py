@@ -12,6 +12,7 @@ import contextlib
 import inspect
 import re
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pickle import PicklingError
@@ -33,12 +34,14 @@ from hwplace.executor import (
     run_method_async,
     start_worker,
 )
+from hwplace_plugins.ray.orphans import exit_with_raylet
 
 
 class WorkerHost:
     """Hosts one worker in a Ray actor process."""
 
     def __init__(self, shared: tuple[bytes, tuple[Any, ...], Mapping[str, Any]], context: WorkerContext) -> None:
+        exit_with_raylet()
         payload, args, kwargs = shared
         # Plain methods run on a thread of their own, where a blocking ray.get (a channel's, say) is fine:
         # Ray's warning against blocking inside an async actor does not apply to them.
@@ -55,9 +58,30 @@ class WorkerHost:
         if self._worker is None:  # never reached through a group: launch fails when a constructor does
             return self._failure
         if inspect.iscoroutinefunction(getattr(type(self._worker), method, None)):
-            return await run_method_async(self._worker, method, args, kwargs)
+            return _returned(await run_method_async(self._worker, method, args, kwargs))
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, run_method, self._worker, method, args, kwargs)
+        return _returned(await loop.run_in_executor(self._thread, run_method, self._worker, method, args, kwargs))
+
+
+class Returned:
+    """One of Ray's exceptions that a method returned as its value: Ray would store it as the call's error (and
+    ``ray.get`` raise it), so it travels wrapped and the driver unwraps it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Returned, (self.value,)
+
+
+def _returned(value: Any) -> Any:
+    return Returned(value) if isinstance(value, ray.exceptions.RayError) else value
+
+
+def _unwrapped(value: Any) -> Any:
+    return value.value if isinstance(value, Returned) else value
 
 
 def _actor_options(spec: WorkerSpec) -> dict[str, Any]:
@@ -72,10 +96,26 @@ def _actor_options(spec: WorkerSpec) -> dict[str, Any]:
     return options
 
 
-class RayGroupRuntime(GroupRuntime):
-    """The actors of one group, in rank order."""
+class Raised:
+    """What ``ray.get`` raised for a call, kept apart from what the call returned (a method may return an
+    exception object, even one of Ray's, as its value)."""
 
-    def __init__(self, request: GroupRequest, host: Any, release: Callable[[str], None]) -> None:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def session() -> str:
+    """The Ray session this driver is in now (its job id), or ``""`` after ``ray.shutdown()``."""
+    return ray.get_runtime_context().get_job_id() if ray.is_initialized() else ""
+
+
+class RayGroupRuntime(GroupRuntime):
+    """The actors of one group, in rank order, in the Ray session that started them."""
+
+    def __init__(self, request: GroupRequest, host: Any, release: Callable[[str, bool], None]) -> None:
+        self.session = session()
         self.name = request.name
         self.worker_class = request.worker_class
         self.specs = tuple(request.workers)
@@ -90,11 +130,21 @@ class RayGroupRuntime(GroupRuntime):
             for spec in self.specs
         ]
 
+    def check_session(self, what: str) -> None:
+        """Refuse to go on once the Ray session the group ran in has ended: calling Ray then would raise Ray's
+        own errors, or silently start (or join) another Ray where none of the workers are."""
+        if session() != self.session:
+            raise WorkerError(f"{what}: the Ray session the group ran in has ended (ray.shutdown() was called, or "
+                              "the driver joined another cluster since) and its workers with it; launch the group "
+                              "again", group=self.name)
+
     def ready(self) -> Handle:
+        self.check_session("the constructor")
         return RayHandle(self, tuple(range(len(self.actors))), [a.ready.remote() for a in self.actors],
                          "the constructor")
 
     def call(self, ranks: Sequence[int], method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Handle:
+        self.check_session(f"{method}()")
         sent: tuple[Any, Any] = (args, kwargs)
         with _pickled(self.name, ranks, f"{method}()", args, kwargs):
             if len(ranks) > 1 and (args or kwargs):
@@ -104,15 +154,32 @@ class RayGroupRuntime(GroupRuntime):
         return RayHandle(self, tuple(ranks), refs, f"{method}()", interruptible)
 
     def shutdown(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        self._release(self.name)
+        ended = session() != self.session  # then the workers ended with their session
+        if not ended:
+            for actor in self.actors:
+                ray.kill(actor, no_restart=True)
+            self._warn_of_dead_nodes()
+        self._release(self.name, ended)
+
+    def _warn_of_dead_nodes(self) -> None:
+        """Say which workers Ray could not stop: those of a node whose raylet is gone."""
+        dead = {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
+        lost = [(rank, spec.node) for rank, spec in enumerate(self.specs) if spec.node.node_id in dead]
+        if lost:
+            warnings.warn(f"group {self.name!r}: Ray could not stop rank(s) " + ", ".join(
+                f"{rank} (node {node.rank}, {node.address}, Ray node {node.node_id[:12]})" for rank, node in lost)
+                + ": their node's raylet is gone; hwplace's worker processes exit when their raylet does, so "
+                "none should be left, but check those machines for leftover processes if the node was not "
+                "stopped cleanly", RuntimeWarning, stacklevel=4)
 
     def failure(self, rank: int, what: str, outcome: Any) -> HwplaceError | None:
         """The error an outcome of ``rank`` stands for, or ``None`` for a result."""
         node_rank = self.specs[rank].placement.node_rank
         if isinstance(outcome, RemoteFailure):
             return outcome.error(what, group=self.name, rank=rank, node_rank=node_rank)
+        if not isinstance(outcome, Raised):
+            return None  # a value the method returned, whatever it is
+        outcome = outcome.error
         if isinstance(outcome, ray.exceptions.TaskCancelledError):
             return CallCancelled(f"group {self.name!r} rank {rank} on node {node_rank}: {what} was cancelled")
         if isinstance(outcome, ray.exceptions.RayActorError):
@@ -125,9 +192,13 @@ class RayGroupRuntime(GroupRuntime):
             return WorkerError(f"{what} returned a value that cannot be pickled ({_unpicklable(outcome.cause)}); "
                                "return plain data, arrays, tensors or objects that pickle", group=self.name, rank=rank,
                                node_rank=node_rank)
-        if isinstance(outcome, ray.exceptions.RayError):
-            return WorkerError(f"{what} failed in Ray: {outcome}", group=self.name, rank=rank, node_rank=node_rank)
-        return None
+        if isinstance(outcome, ray.exceptions.ActorUnschedulableError | ray.exceptions.TaskUnschedulableError):
+            node = self.specs[rank].node
+            return WorkerError(f"{what} cannot run: the worker's node is gone (node {node_rank} is {node.address}, "
+                               f"Ray node {node.node_id[:12]}; Ray cannot schedule there): {first_line(outcome)}",
+                               group=self.name, rank=rank, node_rank=node_rank)
+        return WorkerError(f"{what} failed in Ray: {first_line(outcome)}", group=self.name, rank=rank,
+                           node_rank=node_rank)
 
 
 def _unpicklable(error: BaseException) -> str:
@@ -180,9 +251,9 @@ class RayHandle(Handle):
     def _collect(self, refs: list[Any]) -> None:
         for ref in refs:
             try:
-                outcome = ray.get(ref)
+                outcome = _unwrapped(ray.get(ref))
             except ray.exceptions.RayError as exc:
-                outcome = exc
+                outcome = Raised(exc)
             self._outcomes[self._index[ref]] = outcome
 
     def _pending(self) -> list[Any]:
@@ -195,6 +266,7 @@ class RayHandle(Handle):
                 raise error
 
     def wait(self, timeout: float | None = None) -> list[Any]:
+        self._runtime.check_session(self._what)
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         pending = self._pending()
         if self._cancelled and pending:  # every rank ends soon: report them in rank order, not arrival order
@@ -219,21 +291,25 @@ class RayHandle(Handle):
         return [self._ranks[i] for i in range(len(self._refs)) if i not in self._outcomes]
 
     def done(self) -> bool:
+        self._runtime.check_session(self._what)
         pending = self._pending()
         return not pending or len(ray.wait(pending, num_returns=len(pending), timeout=0)[0]) == len(pending)
 
     @property
     def num_done(self) -> int:
+        self._runtime.check_session(self._what)
         pending = self._pending()
         ready = ray.wait(pending, num_returns=len(pending), timeout=0)[0] if pending else []
         return len(self._refs) - len(pending) + len(ready)
 
     async def wait_async(self) -> list[Any]:
+        self._runtime.check_session(self._what)
+
         async def one(i: int, ref: Any) -> None:
             try:
-                self._outcomes[i] = await ref
+                self._outcomes[i] = _unwrapped(await ref)
             except ray.exceptions.RayError as exc:
-                self._outcomes[i] = exc
+                self._outcomes[i] = Raised(exc)
             error = self._runtime.failure(self._ranks[i], self._what, self._outcomes[i])
             if error is not None:
                 raise error
@@ -243,6 +319,7 @@ class RayHandle(Handle):
         return [self._outcomes[i] for i in range(len(self._refs))]
 
     def cancel(self, force: bool = False) -> bool:
+        self._runtime.check_session(self._what)
         pending = self._pending()
         finished = set(ray.wait(pending, num_returns=len(pending), timeout=0)[0]) if pending else set()
         running = [ref for ref in pending if ref not in finished]

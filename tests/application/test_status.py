@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -95,3 +96,21 @@ def test_status_from_another_process_by_address(hwplace_local_ray: LocalRay, lau
     assert state["cluster"]["address"] == hwplace_local_ray.address
     assert [g["job_name"] for g in state["groups"] if g["group"] == "watched"] == ["status-test"]
     assert [c["name"] for c in state["channels"] if c["name"] == "status-items"] == ["status-items"]
+
+
+@pytest.mark.time_limit(120)
+def test_a_closed_channel_leaves_the_status(launched: hwplace.WorkerGroup) -> None:
+    channel = hwplace.Channel.create("status-closed")
+    assert "status-closed" in [c["name"] for c in _status()["channels"]]
+    channel.close()  # over the channel's own connection, not through the executor
+    for _ in range(300):  # the host tells the registry without waiting for it: a few moments at most
+        if "status-closed" not in [c["name"] for c in _status()["channels"]]:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"a closed channel is still listed: {_status()['channels']}")
+
+
+def _status() -> dict[str, Any]:
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["status", "--json"], out, err) == 0, err.getvalue()
+    return json.loads(out.getvalue())  # type: ignore[no-any-return]

@@ -787,3 +787,93 @@ def test_a_stale_item_stashed_by_reference_is_dropped(monkeypatch: pytest.Monkey
     assert len(list(store.iterdir())) == 2
     assert ch.get(min_version=2) == b"n" * 200
     assert list(store.iterdir()) == []  # the stale one released by the host, the fresh one taken
+
+
+# -- interrupted callers: nothing lost, nothing twice -----------------------------------------------------------
+
+
+class Interrupted(Exception):
+    """What the test's signal handler raises in the blocked caller."""
+
+
+def interrupted(call: Callable[[], Any], after: float = 0.2) -> Interrupted:
+    """Run ``call`` in this (the main) thread and interrupt it with a real signal (SIGUSR1) once it blocks."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    timer = threading.Timer(after, signal.pthread_kill, (threading.main_thread().ident, signal.SIGUSR1))
+    timer.start()
+    try:
+        call()
+    except Interrupted as exc:
+        return exc
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+    raise AssertionError("the call was not interrupted")
+
+
+@pytest.mark.parametrize("take", [lambda ch: ch.get(), lambda ch: ch.get_batch(2)])
+def test_an_interrupted_get_is_withdrawn_and_the_next_item_goes_to_the_next_get(take: Callable[[Any], Any]) -> None:
+    ch = new()
+    error = interrupted(lambda: take(ch))
+    assert "withdrawn" in "".join(error.__notes__)
+    ch.put("kept", weight=1)
+    assert ch.get(timeout=5) == "kept"
+
+
+def test_an_interrupted_put_on_a_full_queue_never_enters_later_and_says_so() -> None:
+    ch = new(maxsize=1)
+    ch.put("first")
+    error = interrupted(lambda: ch.put("second"))
+    assert "the item did not enter the queue" in "".join(error.__notes__)
+    assert ch.get(timeout=5) == "first"
+    with pytest.raises(hwplace.ChannelEmpty, match="empty"):  # a retry would deliver "second" once, not twice
+        ch.get_nowait()
+
+
+def test_a_get_withdrawn_after_it_was_handed_items_puts_them_back_as_they_were() -> None:
+    from hwplace.channels.handle import withdraw
+    from hwplace.channels.wire import GET_BATCH
+
+    ch = new()
+    connection = channel_module._connection(ch._address)
+    reply = connection.request(GET_BATCH, 3.0, None, b"default")
+    ch.put("a", weight=2, version=7)
+    ch.put("b", weight=1)
+    reply.result(5)  # the host handed both over: the caller stops waiting just now
+    assert "put back at the head" in withdraw(connection, reply, GET_BATCH, b"default", "test")
+    assert ch.get_batch(2, min_version=7, timeout=5) == ["a"]  # weight and version kept
+    assert ch.stats().gets == 1
+    assert ch.get(min_version=8, timeout=5) == "b"  # untagged: never stale
+
+
+def test_a_dropped_async_get_is_withdrawn_and_a_late_reply_does_not_kill_the_reader() -> None:
+    ch = new()
+
+    async def give_up() -> None:
+        try:
+            await asyncio.wait_for(ch.get(async_op=True), 0.1)
+        except TimeoutError:
+            return
+        raise AssertionError("the get did not time out")
+
+    asyncio.run(give_up())
+    kept = ch.get(async_op=True)
+
+    async def give_up_keeping_the_handle() -> None:
+        try:
+            await asyncio.wait_for(kept.wait_async(), 0.1)
+        except TimeoutError:
+            return
+        raise AssertionError("the get did not time out")
+
+    asyncio.run(give_up_keeping_the_handle())  # its loop is closed when the reply comes
+    ch.put("for the kept handle")
+    assert kept.wait(timeout=5) == "for the kept handle"
+    ch.put("next")
+    assert ch.put("last", async_op=True).wait(timeout=5) is None  # the reader lives on
+    assert ch.get(timeout=5) == "next"
+    assert ch.get(timeout=5) == "last"

@@ -324,6 +324,21 @@ def test_cancelled_get_replies_timeout_and_takes_nothing() -> None:
     assert replies.of("g") == [(Status.TIMEOUT, None)]
 
 
+def test_items_put_back_go_to_the_head_in_order_past_maxsize_and_serve_a_waiting_getter() -> None:
+    queues, replies = WeightedQueues(maxsize=2), Replies()
+    queues.put("q", "a", 2.0, replies("put a"), version=5)
+    fill(queues, replies, "q", [("b", 1)])
+    queues.get_batch("q", 3, replies("interrupted"))  # its caller never takes them
+    fill(queues, replies, "q", [("c", 1), ("d", 1)])
+    assert queues.put_back("q", [("a", 2.0, 5), ("b", 1.0, None)])
+    assert queues.qsize("q") == 4
+    assert queues.stats("q") == QueueStats(puts=4, gets=0, stale=0, size=4)  # handed out, then taken back
+    queues.get_batch("q", 3, replies("batch"), min_version=6)  # "a" is stale for it: its version came back too
+    assert replies.of("batch") == [(Status.OK, ["b", "c", "d"])]
+    queues.close()
+    assert not queues.put_back("q", [("e", 0.0, None)])
+
+
 def test_cancelled_getter_is_skipped_and_the_next_one_is_served() -> None:
     queues, replies = WeightedQueues(), Replies()
     tickets = [queues.get("q", replies(f"g{n}")) for n in range(3)]

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +80,34 @@ def test_a_connected_driver_refuses_an_address_that_is_not_its_cluster(hwplace_l
                        rf"cluster at {re.escape(hwplace_local_ray.address)}, so it cannot "):
         hwplace.Cluster({"num_nodes": 1, "address": address})
     assert hwplace.Cluster({"num_nodes": 1, "address": hwplace_local_ray.address}).num_nodes == 1
+
+
+NO_HWPLACE_ON_THE_NODES = """
+import json, os, sys
+import hwplace
+from hwplace.testing import local_ray_cluster
+
+# The nodes' workers find this folder first on their PYTHONPATH: a hwplace that is not there, as on nodes
+# whose Python environment lacks it (the driver imported the real one before the variable was set).
+os.environ["PYTHONPATH"] = sys.argv[1]
+with local_ray_cluster(1):
+    try:
+        hwplace.Cluster({"num_nodes": 1})
+        print(json.dumps({"error": None}))
+    except hwplace.ConfigError as exc:
+        print(json.dumps({"error": str(exc)}))
+"""
+
+
+@pytest.mark.time_limit(180)
+def test_a_cluster_whose_workers_cannot_import_hwplace_is_an_error_that_says_so(tmp_path: Path) -> None:
+    (tmp_path / "nodes" / "hwplace").mkdir(parents=True)
+    (tmp_path / "nodes" / "hwplace" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'hwplace'\", name='hwplace')\n")
+    done = subprocess.run([sys.executable, "-c", NO_HWPLACE_ON_THE_NODES, str(tmp_path / "nodes")], capture_output=True,
+                          text=True, timeout=150, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    error = json.loads(done.stdout.strip().splitlines()[-1])["error"]
+    assert re.match(r"cluster: the workers of Ray node \w+ \([\d.]+\) cannot import hwplace \(ModuleNotFoundError: "
+                    r"No module named 'hwplace'\): .*; install hwplace .* in the Python environment each node's "
+                    r"'ray start' runs in", error), error

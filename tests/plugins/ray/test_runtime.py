@@ -25,6 +25,9 @@ class Echo(hwplace.Worker):
     def lock(self) -> dict[str, Any]:
         return {"held": threading.Lock()}
 
+    def exception(self) -> Any:
+        return ray.exceptions.RayActorError()  # a value like any other
+
 
 @pytest.fixture(scope="module")
 def placement(hwplace_local_ray: LocalRay) -> hwplace.ComponentPlacement:
@@ -66,3 +69,9 @@ def test_a_constructor_argument_that_does_not_pickle_fails_the_launch_and_frees_
                                                          name="ctor")
     group = Echo.create_group(extra=1).launch(placement.cluster, placement.get_strategy("pair"), name="ctor")
     group.shutdown()
+
+
+def test_a_method_that_returns_one_of_rays_exceptions_returns_it(group: Any) -> None:
+    results = group.exception().wait(timeout=60)
+    assert [type(r) for r in results] == [ray.exceptions.RayActorError] * 2
+    assert group.echo(3).wait(timeout=60) == [3, 3]  # the workers are alive

@@ -1,0 +1,61 @@
+"""A group outlived by its Ray session: ``ray.shutdown()`` under a running group, then a new ``ray.init``.
+
+The driver is a subprocess with a throwaway cluster of its own (the test's session cluster is not shut down).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("ray")
+
+DRIVER = """
+import json, time
+import ray
+import hwplace
+from hwplace.testing import local_ray_cluster
+
+class Sleeper(hwplace.Worker):
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return seconds
+
+found = {}
+config = {"num_nodes": 1, "component_placement": {"s": {"node_group": "node", "placement": "0"}}}
+with local_ray_cluster(1) as address:
+    cluster = hwplace.Cluster(config)
+    strategy = hwplace.ComponentPlacement({"cluster": config}, cluster).get_strategy("s")
+    group = Sleeper.create_group().launch(cluster, strategy, name="napper")
+    pending = group.nap(60)
+    ray.shutdown()
+    for what, call in (("wait", lambda: pending.wait(timeout=5)), ("call", lambda: group.nap(0))):
+        try:
+            call()
+            found[what] = "no error"
+        except Exception as exc:
+            found[what] = f"{type(exc).__name__}: {exc}"
+    found["connected after"] = ray.is_initialized()  # a pending wait() must not start or join another Ray
+    group.shutdown()
+    ray.init(address=address)
+    cluster = hwplace.Cluster(config)
+    again = Sleeper.create_group().launch(cluster, strategy, name="napper")  # the old name ended with its session
+    found["again"] = again.nap(0).wait(timeout=60)
+    again.shutdown()
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.time_limit(240)
+def test_a_group_whose_ray_session_ended_says_so_and_its_name_ends_with_it() -> None:
+    done = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    for what, method in (("wait", "nap"), ("call", "nap")):
+        assert found[what].startswith(f"WorkerError: group 'napper': {method}(): "), found[what]
+        assert "the Ray session the group ran in has ended" in found[what]
+    assert found["connected after"] is False
+    assert found["again"] == [0]
