@@ -35,11 +35,12 @@ class LeaseBook:
         self.channels: dict[str, dict[str, Any]] = {}
 
     def _join(self, job: Mapping[str, Any]) -> None:
-        """Record ``job``; a job first seen without a name (a worker's channel) takes its driver's later."""
+        """Record ``job``. A job first seen without a name (a worker's channel) takes its driver's later, and a
+        driver that names its job again (a new ``Cluster(job_name=...)``) renames it: the latest name wins."""
         known = self.jobs.get(str(job["id"]))
         if known is None:
             self.jobs[str(job["id"])] = {**job, "since": time.time()}
-        elif known.get("name") is None and job.get("name") is not None:
+        elif job.get("name") is not None and (known.get("name") != job["name"] or known.get("pid") is None):
             known.update(job)
 
     def forget_dead(self, except_job: str | None = None) -> None:

@@ -79,6 +79,16 @@ def test_deregistering_ends_the_leases_and_a_worker_s_nameless_job_takes_its_dri
         ("gpu 0 (uuid=G0) of node 0 (10.0.0.1)", "b", "mine")]
 
 
+def test_a_driver_that_names_its_job_again_renames_it_and_a_nameless_call_keeps_the_name() -> None:
+    book = LeaseBook(Drivers())
+    book.register_group(job("01", "pytest"), record("first", 0))
+    book.register_group(job("01", "status-test"), record("second", 1))
+    book.register_channel(job("01", None), "items", "there")  # a worker's channel: no name, no rename
+    shown = book.snapshot()
+    assert [(j["id"], j["name"], j["groups"]) for j in shown["jobs"]] == [("01", "status-test", 2)]
+    assert {g["job_name"] for g in shown["groups"]} == {"status-test"}
+
+
 # -- two drivers on the session's Ray cluster -----------------------------------------------------------------
 
 HOLDER = """
