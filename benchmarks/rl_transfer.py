@@ -18,7 +18,7 @@ same hand-over through Ray actor calls (the sender awaits ``receiver.take.remote
 hwplace at least 5x the rate); a 64 MiB tensor from node 0 to node 1, 5 times, against a bare gloo
 ``send``/``recv`` between the same processes (target: hwplace at least 0.7x the rate).
 
-Run: python benchmarks/rl_transfer.py [--repeat 3] [--quick]
+Run: python benchmarks/rl_transfer.py [--repeat 3] [--quick] [--sizes 100] [--parts one-node,two-nodes,messaging]
 """
 
 from __future__ import annotations
@@ -238,13 +238,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1 and 10 MB only, fewer messages")
+    parser.add_argument("--sizes", default="", help="weight sync sizes in MB, comma-separated (default 1,10,100)")
+    parser.add_argument("--parts", default="one-node,two-nodes,messaging", help="which parts to run")
     args = parser.parse_args()
-    sizes = [1, 10] if args.quick else [1, 10, 100]
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else [1, 10] if args.quick else [1, 10, 100]
+    parts = set(args.parts.split(","))
     with local_ray_cluster(num_nodes=2):
         cluster = hwplace.Cluster({"num_nodes": 2})
-        weight_sync_rows(cluster, [0, 0], sizes, args.repeat, ["ray.put + get", "driver relay"])
-        weight_sync_rows(cluster, [1, 1], sizes, args.repeat, ["gloo broadcast"])
-        messaging_rows(cluster, args.repeat, 500 if args.quick else 2000)
+        if "one-node" in parts:
+            weight_sync_rows(cluster, [0, 0], sizes, args.repeat, ["ray.put + get", "driver relay"])
+        if "two-nodes" in parts:
+            weight_sync_rows(cluster, [1, 1], sizes, args.repeat, ["gloo broadcast"])
+        if "messaging" in parts:
+            messaging_rows(cluster, args.repeat, 500 if args.quick else 2000)
 
 
 if __name__ == "__main__":
