@@ -18,12 +18,17 @@ same hand-over through Ray actor calls (the sender awaits ``receiver.take.remote
 hwplace at least 5x the rate); a 64 MiB tensor from node 0 to node 1, 5 times, against a bare gloo
 ``send``/``recv`` between the same processes (target: hwplace at least 0.7x the rate).
 
+Each node's object store (1 GiB) is populated when the cluster starts (``RAY_preallocate_plasma_memory``), as a
+store is after a while of use: otherwise the first touch of its pages (0.2 s per 100 MB here) lands on whichever
+system first puts into a fresh part of it. ``--cold-store`` leaves that out.
+
 Run: python benchmarks/rl_transfer.py [--repeat 3] [--quick] [--sizes 100] [--parts one-node,two-nodes,messaging]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -239,10 +244,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1 and 10 MB only, fewer messages")
     parser.add_argument("--sizes", default="", help="weight sync sizes in MB, comma-separated (default 1,10,100)")
+    parser.add_argument("--cold-store", action="store_true", help="do not populate the object stores at start")
     parser.add_argument("--parts", default="one-node,two-nodes,messaging", help="which parts to run")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else [1, 10] if args.quick else [1, 10, 100]
     parts = set(args.parts.split(","))
+    if not args.cold_store:
+        os.environ["RAY_preallocate_plasma_memory"] = "1"  # noqa: SIM112 (Ray spells it so); the raylets inherit it
     with local_ray_cluster(num_nodes=2):
         cluster = hwplace.Cluster({"num_nodes": 2})
         if "one-node" in parts:

@@ -68,12 +68,15 @@ def test_a_large_tensor_is_a_bucket_of_its_own_without_a_copy() -> None:
     assert np.shares_memory(pairs[1][0], big.numpy())  # the tensor's own memory, not a packed copy
     check([b for b, _ in pairs], [d for _, d in pairs], "test")
     out = unpack(entries, [b for b, _ in pairs])
-    assert torch.equal(out["big"], big) and torch.equal(out["after"], state["after"]) and out["empty"].numel() == 0
+    assert torch.equal(out["big"], big)
+    assert torch.equal(out["after"], state["after"])
+    assert out["empty"].numel() == 0
 
 
 def test_digests_are_crc32_by_default_and_sha256_ones_are_still_checked() -> None:
     bucket = np.arange(100, dtype=np.uint8)
-    assert digest(bucket).startswith("crc32:") and digest(bucket, "sha256").startswith("sha256:")
+    assert digest(bucket).startswith("crc32:")
+    assert digest(bucket, "sha256").startswith("sha256:")
     check([bucket], [digest(bucket, "sha256")], "v")
     check([bucket], [digest(bucket, "sha256").removeprefix("sha256:")], "v")  # a bare hex digest is SHA-256
     flipped = bucket.copy()
