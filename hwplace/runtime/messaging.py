@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 import threading
 from collections import deque
 from collections.abc import Generator, Sequence
@@ -96,6 +97,31 @@ def inline(header: Any) -> bool:
     return int(header[0]) != DEVICE_TENSOR and int(header[1]) <= FRAME - HEADER * 8
 
 
+class Recycled:
+    """Receive buffers for large payloads (at least ``least`` bytes), each taken again for a payload of its size
+    once nothing refers to it any more: no tensor, view or array made from it is alive (the buffer's reference
+    count, which every such object raises, says so). Keeps the ``keep`` used last. A fresh 64 MiB buffer costs
+    its page faults on every message; a recycled one none."""
+
+    def __init__(self, keep: int = 2, least: int = 2**20) -> None:
+        self.keep, self.least = keep, least
+        self.arrays: list[Any] = []  # numpy uint8 arrays, the one used last at the end
+
+    def take(self, nbytes: int) -> Any:
+        import numpy as np  # noqa: PLC0415 (optional: numpy, installed with torch)
+
+        torch = torch_module()
+        for index in range(len(self.arrays)):
+            # references: the list's and getrefcount's argument; any more is a tensor, view or array still alive
+            if self.arrays[index].nbytes == nbytes and sys.getrefcount(self.arrays[index]) <= 2:
+                self.arrays.append(self.arrays.pop(index))
+                return torch.from_numpy(self.arrays[-1])
+        array = np.empty(nbytes, dtype=np.uint8)
+        if nbytes >= self.least:
+            self.arrays = [*self.arrays, array][-self.keep :]
+        return torch.from_numpy(array)
+
+
 def peer_error(entry: GroupEntry, rank: int, problem: str) -> WorkerError:
     return WorkerError(problem, group=entry.name, rank=rank, node_rank=entry.placements[rank].node_rank)
 
@@ -136,6 +162,7 @@ class Pair:
             frames = [torch.zeros(FRAME, dtype=torch.uint8) for _ in range(RING)]
             # RING receives stay posted, so RING queued sends can leave at once; gloo fills them in posting order
             posted = deque(self.comm.gloo.recv([frame], other, FRAME_TAG) for frame in frames)
+            recycled = Recycled()
             for turn in itertools.count():
                 posted.popleft().wait()
                 frame = frames[turn % RING]
@@ -146,7 +173,7 @@ class Pair:
                 payload = frame[HEADER * 8 : HEADER * 8 + size].clone() if small else None
                 posted.append(self.comm.gloo.recv([frame], other, FRAME_TAG))  # read out: post it again
                 if payload is None:
-                    payload = empty_payload(header, torch.cuda.current_device() if on_device else None)
+                    payload = empty_payload(header, torch.cuda.current_device()) if on_device else recycled.take(size)
                     (self.comm.device if on_device else self.comm.gloo).recv([payload], other, PAYLOAD_TAG).wait()
                 self._deliver(decode(header, payload))
         except BaseException as exc:
