@@ -113,8 +113,13 @@ def empty_payload(header: Any, device: Any = None) -> Any:
 
 
 def decode(header: Any, payload: Any) -> Any:
+    """The object a frame carries, from its header (an int64 tensor) and payload."""
+    return decode_fields(header.tolist(), payload)  # one op, not one per field
+
+
+def decode_fields(fields: list[int], payload: Any) -> Any:
+    """The object a frame carries, from its header's fields (ints) and its payload (a uint8 tensor)."""
     torch = torch_module()
-    fields = header.tolist()  # one op, not one per field
     if fields[0] == PICKLED:
         return pickle.loads(payload.numpy().tobytes())
     return payload.view(getattr(torch, DTYPES[fields[2]])).reshape(fields[4 : 4 + fields[3]])

@@ -34,6 +34,7 @@ from hwplace.runtime.communicator import (
     check_member,
     connect,
     decode,
+    decode_fields,
     empty_payload,
     encode,
     find_entry,
@@ -153,6 +154,8 @@ class Pair:
         return f"group {self.peer.name!r} rank {self.rank}"
 
     def _receive(self, messenger: Messenger, backend: str | None) -> None:
+        import numpy as np  # noqa: PLC0415 (optional: numpy, installed with torch)
+
         torch = torch_module()
         try:
             index = self.members.index((messenger.entry.name, messenger.context.rank))
@@ -160,22 +163,26 @@ class Pair:
             self.ready.set()
             other = 1 - index
             frames = [torch.zeros(FRAME, dtype=torch.uint8) for _ in range(RING)]
+            views = [frame.numpy() for frame in frames]  # read through numpy: a few us less per message than torch
             # RING receives stay posted, so RING queued sends can leave at once; gloo fills them in posting order
             posted = deque(self.comm.gloo.recv([frame], other, FRAME_TAG) for frame in frames)
             recycled = Recycled()
             for turn in itertools.count():
                 posted.popleft().wait()
-                frame = frames[turn % RING]
-                header = frame[: HEADER * 8].view(torch.int64).clone()
-                kind, size = header[:2].tolist()
-                on_device = kind == DEVICE_TENSOR
-                small = not on_device and size <= FRAME - HEADER * 8
-                payload = frame[HEADER * 8 : HEADER * 8 + size].clone() if small else None
-                posted.append(self.comm.gloo.recv([frame], other, FRAME_TAG))  # read out: post it again
-                if payload is None:
-                    payload = empty_payload(header, torch.cuda.current_device()) if on_device else recycled.take(size)
-                    (self.comm.device if on_device else self.comm.gloo).recv([payload], other, PAYLOAD_TAG).wait()
-                self._deliver(decode(header, payload))
+                raw = views[turn % RING]
+                fields = raw[: HEADER * 8].view(np.int64).tolist()
+                on_device = fields[0] == DEVICE_TENSOR
+                small = not on_device and fields[1] <= FRAME - HEADER * 8
+                data = raw[HEADER * 8 : HEADER * 8 + fields[1]].copy() if small else None
+                posted.append(self.comm.gloo.recv([frames[turn % RING]], other, FRAME_TAG))  # read out: post again
+                if data is not None:
+                    payload = torch.from_numpy(data) if data.size else torch.empty(0, dtype=torch.uint8)
+                    self._deliver(decode_fields(fields, payload))
+                    continue
+                payload = empty_payload(torch.tensor(fields), torch.cuda.current_device()) if on_device else \
+                    recycled.take(fields[1])
+                (self.comm.device if on_device else self.comm.gloo).recv([payload], other, PAYLOAD_TAG).wait()
+                self._deliver(decode_fields(fields, payload))
         except BaseException as exc:
             self._fail(exc)
 
