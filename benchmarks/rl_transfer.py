@@ -8,8 +8,11 @@ timing includes making them. Each figure is the median of ``--repeat`` runs, the
 Weight sync of 1, 10 and 100 MB to two rollout ranks (the trainer's rank 0 publishes, both ranks wait for
 that version with ``latest(min_version=v)`` and read a value of it):
 - one node (trainer and both rollout ranks on node 0): against one ``ray.put`` of the same arrays in the trainer
-  plus a ``ray.get`` on each rank (target: at most 2x), and against relaying through the driver: the trainer
-  returns the arrays to the driver, which passes them to both ranks (target: hwplace at least 3x faster);
+  plus a ``ray.get`` on each rank (target: at most 2x), and against relaying through the driver (target: hwplace
+  at least 3x faster), two ways: "driver relay (numpy)" returns numpy views of the tensors, which Ray maps from
+  its object store without a copy at every hop (a relay few users write); "driver relay (torch)" is what an RL
+  user writes: the trainer's method returns its state dict of torch tensors, the driver gets it and passes it
+  to the rollout ranks' method (each tensor pickled with its bytes at every hop);
 - two nodes (trainer on node 0, both rollout ranks on node 1): against a bare gloo broadcast of the same bytes
   (one flat uint8 tensor) between the same three processes (target: at most 1.3x).
 
@@ -75,6 +78,9 @@ class Bench(hwplace.Worker):
 
     def take(self, arrays: dict[str, Any]) -> int:
         return int(arrays["layer3.weight"][-1])
+
+    def state(self, megabytes: int) -> dict[str, torch.Tensor]:
+        return self.states[megabytes]
 
     def bare_connect(self, key: str, members: list[tuple[str, int]]) -> None:
         entry = find_entry(hwplace.executor.current_executor(), self.group_name)
@@ -146,7 +152,7 @@ def weight_sync_rows(cluster: hwplace.Cluster, nodes: list[int], sizes: list[int
             h.wait(timeout=120)
     where = "one node" if nodes[0] == 0 else "two nodes"
     print(f"weight sync to two rollout ranks, {where}: {', '.join(sync.plan[i].transport for i in range(2))}")
-    print(f"  {'MB':>4}  {'hwplace s':>10}  " + "  ".join(f"{b + ' s':>16}  {'ratio':>6}" for b in baselines))
+    print(f"  {'MB':>4}  {'hwplace s':>10}  " + "  ".join(f"{b + ' s':>22}  {'ratio':>6}" for b in baselines))
     version = 0
     for megabytes in sizes:
         for group in (trainer, rollout):
@@ -172,14 +178,19 @@ def weight_sync_rows(cluster: hwplace.Cluster, nodes: list[int], sizes: list[int
                 nbytes = mb * MB
                 return [rollout.bare_broadcast(nbytes), trainer.bare_broadcast(nbytes)]
 
-            chosen = {"ray.put + get": put_get, "driver relay": relay, "gloo broadcast": bcast}
+            def relay_torch(mb: int = megabytes) -> list[Any]:
+                [tensors] = trainer.state(mb).wait(timeout=120)
+                return [rollout.take(tensors)]
+
+            chosen = {"ray.put + get": put_get, "driver relay (numpy)": relay, "driver relay (torch)": relay_torch,
+                      "gloo broadcast": bcast}
             order = ["hwplace", *baselines] if attempt % 2 else [*baselines, "hwplace"]
             for system in order:
                 seconds = timed(ours if system == "hwplace" else chosen[system])
                 if attempt:
                     runs[system].append(seconds)
         mine = median(runs["hwplace"])
-        cells = "  ".join(f"{median(runs[b]):>16.4f}  {mine / median(runs[b]):>6.2f}" for b in baselines)
+        cells = "  ".join(f"{median(runs[b]):>22.4f}  {mine / median(runs[b]):>6.2f}" for b in baselines)
         print(f"  {megabytes:>4}  {mine:>10.4f}  {cells}")
     print("  ratio: hwplace's time over the baseline's\n")
     trainer.shutdown()
@@ -254,7 +265,8 @@ def main() -> None:
     with local_ray_cluster(num_nodes=2):
         cluster = hwplace.Cluster({"num_nodes": 2})
         if "one-node" in parts:
-            weight_sync_rows(cluster, [0, 0], sizes, args.repeat, ["ray.put + get", "driver relay"])
+            weight_sync_rows(cluster, [0, 0], sizes, args.repeat,
+                             ["ray.put + get", "driver relay (numpy)", "driver relay (torch)"])
         if "two-nodes" in parts:
             weight_sync_rows(cluster, [1, 1], sizes, args.repeat, ["gloo broadcast"])
         if "messaging" in parts:
