@@ -16,6 +16,7 @@ import hashlib
 import warnings
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,7 +120,7 @@ def pack(state_dict: Mapping[str, Any], bucket_bytes: int) -> tuple[list[Entry],
     entries = [Entry(name, kind, dtype, shape, b, off, flat.nbytes)
                for (name, kind, dtype, shape, flat), (b, off) in zip(flats, places, strict=True)]
 
-    def buckets() -> Iterator[tuple[Any, str]]:
+    def filled() -> Iterator[Any]:
         start = 0
         for index, size in enumerate(sizes):
             end = start
@@ -127,14 +128,29 @@ def pack(state_dict: Mapping[str, Any], bucket_bytes: int) -> tuple[list[Entry],
                 end += 1
             holding = [i for i in range(start, end) if entries[i].nbytes]
             if len(holding) == 1:  # one tensor holds every byte: the bucket is its own memory, no copy
-                yield flats[holding[0]][4], digest(flats[holding[0]][4])
-                start = end
-                continue
-            bucket = np.empty(size, dtype=np.uint8)
-            for i in range(start, end):
-                bucket[entries[i].offset : entries[i].offset + entries[i].nbytes] = flats[i][4]
+                yield flats[holding[0]][4]
+            else:
+                bucket = np.empty(size, dtype=np.uint8)
+                for i in range(start, end):
+                    bucket[entries[i].offset : entries[i].offset + entries[i].nbytes] = flats[i][4]
+                yield bucket
             start = end
-            yield bucket, digest(bucket)
+
+    def buckets() -> Iterator[tuple[Any, str]]:
+        if len(sizes) < 2 or sum(sizes) < ALONE_BYTES:
+            yield from ((bucket, digest(bucket)) for bucket in filled())
+            return
+        # a bucket's digest is taken on a thread while the caller handles the bucket before it (zlib lets go of
+        # the GIL): at most two buckets are in this process at a time
+        with ThreadPoolExecutor(1, thread_name_prefix="hwplace-digest") as pool:
+            ahead: tuple[Any, Future[str]] | None = None
+            for bucket in filled():
+                taking = pool.submit(digest, bucket)
+                if ahead is not None:
+                    yield ahead[0], ahead[1].result()
+                ahead = (bucket, taking)
+            if ahead is not None:
+                yield ahead[0], ahead[1].result()
 
     return entries, buckets()
 

@@ -86,3 +86,13 @@ def test_digests_are_crc32_by_default_and_sha256_ones_are_still_checked() -> Non
             check([flipped], [digest(bucket, algorithm)], "v")
     with pytest.raises(hwplace.WeightSyncError, match="unknown digest algorithm 'md4'"):
         digest(bucket, "md4")
+
+
+def test_digests_taken_ahead_on_a_thread_match_and_keep_the_order() -> None:
+    state = {f"t{i}": torch.full((2**20 + i,), float(i)) for i in range(5)}  # 4 MiB each: five buckets
+    entries, buckets = pack(state, bucket_bytes=64 * 2**20)
+    pairs = list(buckets)
+    assert len(pairs) == 5
+    assert [d for _, d in pairs] == [digest(b) for b, _ in pairs]
+    out = unpack(entries, [b for b, _ in pairs])
+    assert all(torch.equal(out[name], value) for name, value in state.items())
