@@ -8,8 +8,11 @@ timing includes making them. Each figure is the median of ``--repeat`` runs, the
 Weight sync of 1, 10 and 100 MB to two rollout ranks (the trainer's rank 0 publishes, both ranks wait for
 that version with ``latest(min_version=v)`` and read a value of it):
 - one node (trainer and both rollout ranks on node 0): against one ``ray.put`` of the same arrays in the trainer
-  plus a ``ray.get`` on each rank (target: at most 2x), and against relaying through the driver: the trainer
-  returns the arrays to the driver, which passes them to both ranks (target: hwplace at least 3x faster);
+  plus a ``ray.get`` on each rank (target: at most 2x), and against relaying through the driver (target: hwplace
+  at least 3x faster), two ways: "driver relay (numpy)" returns numpy views of the tensors, which Ray maps from
+  its object store without a copy at every hop (a relay few users write); "driver relay (torch)" is what an RL
+  user writes: the trainer's method returns its state dict of torch tensors, the driver gets it and passes it
+  to the rollout ranks' method (each tensor pickled with its bytes at every hop);
 - two nodes (trainer on node 0, both rollout ranks on node 1): against a bare gloo broadcast of the same bytes
   (one flat uint8 tensor) between the same three processes (target: at most 1.3x).
 
@@ -18,12 +21,17 @@ same hand-over through Ray actor calls (the sender awaits ``receiver.take.remote
 hwplace at least 5x the rate); a 64 MiB tensor from node 0 to node 1, 5 times, against a bare gloo
 ``send``/``recv`` between the same processes (target: hwplace at least 0.7x the rate).
 
-Run: python benchmarks/rl_transfer.py [--repeat 3] [--quick]
+Each node's object store (1 GiB) is populated when the cluster starts (``RAY_preallocate_plasma_memory``), as a
+store is after a while of use: otherwise the first touch of its pages (0.2 s per 100 MB here) lands on whichever
+system first puts into a fresh part of it. ``--cold-store`` leaves that out.
+
+Run: python benchmarks/rl_transfer.py [--repeat 3] [--quick] [--sizes 100] [--parts one-node,two-nodes,messaging]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -70,6 +78,9 @@ class Bench(hwplace.Worker):
 
     def take(self, arrays: dict[str, Any]) -> int:
         return int(arrays["layer3.weight"][-1])
+
+    def state(self, megabytes: int) -> dict[str, torch.Tensor]:
+        return self.states[megabytes]
 
     def bare_connect(self, key: str, members: list[tuple[str, int]]) -> None:
         entry = find_entry(hwplace.executor.current_executor(), self.group_name)
@@ -141,7 +152,7 @@ def weight_sync_rows(cluster: hwplace.Cluster, nodes: list[int], sizes: list[int
             h.wait(timeout=120)
     where = "one node" if nodes[0] == 0 else "two nodes"
     print(f"weight sync to two rollout ranks, {where}: {', '.join(sync.plan[i].transport for i in range(2))}")
-    print(f"  {'MB':>4}  {'hwplace s':>10}  " + "  ".join(f"{b + ' s':>16}  {'ratio':>6}" for b in baselines))
+    print(f"  {'MB':>4}  {'hwplace s':>10}  " + "  ".join(f"{b + ' s':>22}  {'ratio':>6}" for b in baselines))
     version = 0
     for megabytes in sizes:
         for group in (trainer, rollout):
@@ -167,14 +178,19 @@ def weight_sync_rows(cluster: hwplace.Cluster, nodes: list[int], sizes: list[int
                 nbytes = mb * MB
                 return [rollout.bare_broadcast(nbytes), trainer.bare_broadcast(nbytes)]
 
-            chosen = {"ray.put + get": put_get, "driver relay": relay, "gloo broadcast": bcast}
+            def relay_torch(mb: int = megabytes) -> list[Any]:
+                [tensors] = trainer.state(mb).wait(timeout=120)
+                return [rollout.take(tensors)]
+
+            chosen = {"ray.put + get": put_get, "driver relay (numpy)": relay, "driver relay (torch)": relay_torch,
+                      "gloo broadcast": bcast}
             order = ["hwplace", *baselines] if attempt % 2 else [*baselines, "hwplace"]
             for system in order:
                 seconds = timed(ours if system == "hwplace" else chosen[system])
                 if attempt:
                     runs[system].append(seconds)
         mine = median(runs["hwplace"])
-        cells = "  ".join(f"{median(runs[b]):>16.4f}  {mine / median(runs[b]):>6.2f}" for b in baselines)
+        cells = "  ".join(f"{median(runs[b]):>22.4f}  {mine / median(runs[b]):>6.2f}" for b in baselines)
         print(f"  {megabytes:>4}  {mine:>10.4f}  {cells}")
     print("  ratio: hwplace's time over the baseline's\n")
     trainer.shutdown()
@@ -238,13 +254,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1 and 10 MB only, fewer messages")
+    parser.add_argument("--sizes", default="", help="weight sync sizes in MB, comma-separated (default 1,10,100)")
+    parser.add_argument("--cold-store", action="store_true", help="do not populate the object stores at start")
+    parser.add_argument("--parts", default="one-node,two-nodes,messaging", help="which parts to run")
     args = parser.parse_args()
-    sizes = [1, 10] if args.quick else [1, 10, 100]
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else [1, 10] if args.quick else [1, 10, 100]
+    parts = set(args.parts.split(","))
+    if not args.cold_store:
+        os.environ["RAY_preallocate_plasma_memory"] = "1"  # noqa: SIM112 (Ray spells it so); the raylets inherit it
     with local_ray_cluster(num_nodes=2):
         cluster = hwplace.Cluster({"num_nodes": 2})
-        weight_sync_rows(cluster, [0, 0], sizes, args.repeat, ["ray.put + get", "driver relay"])
-        weight_sync_rows(cluster, [1, 1], sizes, args.repeat, ["gloo broadcast"])
-        messaging_rows(cluster, args.repeat, 500 if args.quick else 2000)
+        if "one-node" in parts:
+            weight_sync_rows(cluster, [0, 0], sizes, args.repeat,
+                             ["ray.put + get", "driver relay (numpy)", "driver relay (torch)"])
+        if "two-nodes" in parts:
+            weight_sync_rows(cluster, [1, 1], sizes, args.repeat, ["gloo broadcast"])
+        if "messaging" in parts:
+            messaging_rows(cluster, args.repeat, 500 if args.quick else 2000)
 
 
 if __name__ == "__main__":

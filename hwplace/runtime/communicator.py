@@ -91,20 +91,18 @@ def connect(executor: Executor, key: str, members: Sequence[Member], index: int,
 def encode(obj: Any, device_ok: bool) -> tuple[Any, Any]:
     """The header and payload of ``obj``: a tensor's bytes (on its device where ``device_ok``), or a pickle."""
     torch = torch_module()
-    header = torch.zeros(HEADER, dtype=torch.int64)
     dtype = str(obj.dtype).removeprefix("torch.") if isinstance(obj, torch.Tensor) else ""
     if isinstance(obj, torch.Tensor) and dtype in DTYPES and obj.dim() <= MAX_DIMS:
         on_device = obj.device.type != "cpu"
         tensor = obj.detach() if (on_device and device_ok) else obj.detach().cpu()
         payload = tensor.contiguous().reshape(-1).view(torch.uint8)
-        header[0] = DEVICE_TENSOR if (on_device and device_ok) else TENSOR
-        header[2], header[3] = DTYPES.index(dtype), obj.dim()
-        header[4 : 4 + obj.dim()] = torch.tensor(obj.shape, dtype=torch.int64)
+        fields = [DEVICE_TENSOR if (on_device and device_ok) else TENSOR, payload.numel(), DTYPES.index(dtype),
+                  obj.dim(), *obj.shape]
     else:
         data = pickle.dumps(obj, protocol=5)
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
-        header[0] = PICKLED
-    header[1] = payload.numel()
+        fields = [PICKLED, payload.numel()]
+    header = torch.tensor(fields + [0] * (HEADER - len(fields)), dtype=torch.int64)  # one op, not one per field
     return header, payload
 
 
@@ -115,9 +113,13 @@ def empty_payload(header: Any, device: Any = None) -> Any:
 
 
 def decode(header: Any, payload: Any) -> Any:
+    """The object a frame carries, from its header (an int64 tensor) and payload."""
+    return decode_fields(header.tolist(), payload)  # one op, not one per field
+
+
+def decode_fields(fields: list[int], payload: Any) -> Any:
+    """The object a frame carries, from its header's fields (ints) and its payload (a uint8 tensor)."""
     torch = torch_module()
-    if int(header[0]) == PICKLED:
+    if fields[0] == PICKLED:
         return pickle.loads(payload.numpy().tobytes())
-    dtype = getattr(torch, DTYPES[int(header[2])])
-    shape = [int(d) for d in header[4 : 4 + int(header[3])]]
-    return payload.view(dtype).reshape(shape)
+    return payload.view(getattr(torch, DTYPES[fields[2]])).reshape(fields[4 : 4 + fields[3]])

@@ -19,6 +19,8 @@ from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.settings import FAKE_ACCELERATORS, NODE_RANK
 from hwplace.inventory.offline import accelerator_counts
 
+OBJECT_STORE_BYTES = 2**30  # each node's object store in a local cluster; Ray takes the memory as it is used
+
 
 def _driver_paths() -> str:
     """The driver's import path outside its interpreter's own folders (test folders, a source checkout)."""
@@ -36,12 +38,15 @@ def local_ray_cluster(
     *,
     cpus_per_node: int = 1,
     env_vars: Mapping[str, str] | None = None,
+    object_store_bytes: int = OBJECT_STORE_BYTES,
 ) -> Iterator[str]:
     """A real multi-node Ray cluster on this machine, with the driver connected to it; yields its address.
 
     Node ``i`` is a raylet of its own whose environment has ``HWPLACE_NODE_RANK=i`` and
     ``HWPLACE_FAKE_ACCELERATORS`` (``accelerators_per_node``: one count for every node, or one per node),
-    plus ``env_vars``. Its workers can import what the driver imports from outside its environment (the
+    plus ``env_vars``, and an object store of ``object_store_bytes`` (1 GiB: Ray's test clusters default to
+    150 MiB, where a 100 MB model's two versions no longer fit and every put spills to disk; the memory is
+    taken only as it is used). Its workers can import what the driver imports from outside its environment (the
     folders pytest puts on ``sys.path``, a source checkout). The cluster stops when the block ends. Its files
     live in a private folder, so another process's ``ray.init()`` never finds it (Ray's "latest cluster on
     this machine" stays what ``ray start`` made).
@@ -49,6 +54,8 @@ def local_ray_cluster(
     counts = accelerator_counts(accelerators_per_node, num_nodes, None)
     if isinstance(cpus_per_node, bool) or not isinstance(cpus_per_node, int) or cpus_per_node < 1:
         raise ConfigError("cpus_per_node", "must be a positive integer", value=cpus_per_node)
+    if isinstance(object_store_bytes, bool) or not isinstance(object_store_bytes, int) or object_store_bytes < 2**26:
+        raise ConfigError("object_store_bytes", "an integer of at least 64 MiB", value=object_store_bytes)
     import ray  # noqa: PLC0415 (optional: Ray, the executor's runtime)
     from ray.cluster_utils import Cluster as RayCluster  # noqa: PLC0415 (optional: Ray)
 
@@ -59,8 +66,8 @@ def local_ray_cluster(
 
     def node_args(rank: int) -> dict[str, Any]:
         env = {**common, NODE_RANK: str(rank), FAKE_ACCELERATORS: str(counts[rank])}
-        return {"num_cpus": cpus_per_node, "env_vars": env, "include_dashboard": False} if rank == 0 else \
-            {"num_cpus": cpus_per_node, "env_vars": env}
+        common_args = {"num_cpus": cpus_per_node, "env_vars": env, "object_store_memory": object_store_bytes}
+        return {**common_args, "include_dashboard": False} if rank == 0 else common_args
 
     with _private_ray_folder() as folder:
         # Ray records the latest cluster started on a machine (``ray_current_cluster`` in its temp folder),

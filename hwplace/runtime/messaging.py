@@ -1,7 +1,9 @@
 """Messages between any two workers of a cluster: what ``Worker.send``, ``recv`` and ``broadcast`` run.
 
 Each pair of workers gets its own communicator (:mod:`hwplace.runtime.communicator`) the first time either
-sends to or receives from the other. A thread per pair receives the peer's frames as they come, in order, and
+sends to or receives from the other. A small message (up to 4 KiB with its header) is copied into a frame and
+queued: ``send`` returns without waiting for it to leave (up to ``QUEUED`` in flight per pair), so a stream of
+them costs no thread hand-over on the sender. A thread per pair receives the peer's frames as they come, in order, and
 hands each to the oldest waiting ``recv`` (or keeps it until one comes), so a ``recv`` can time out without
 losing a message, and a peer that dies fails every waiting ``recv`` at once. Imports the layers below and
 :mod:`hwplace.runtime.communicator`.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 import threading
 from collections import deque
 from collections.abc import Generator, Sequence
@@ -31,6 +34,7 @@ from hwplace.runtime.communicator import (
     check_member,
     connect,
     decode,
+    decode_fields,
     empty_payload,
     encode,
     find_entry,
@@ -85,11 +89,38 @@ def device_backend(placements: Sequence[Any]) -> str | None:
 
 FRAME = 4096  # bytes of every message's first part: the header, then the payload when it fits (inline)
 FRAME_TAG, PAYLOAD_TAG = 0, 1
+QUEUED = 64  # small (inline) sends a pair keeps in flight before a send waits for the oldest
+RING = 8  # frames a pair's receiving thread keeps a receive posted for
 
 
 def inline(header: Any) -> bool:
     """Whether the payload a header announces travels inside its frame (small, in host memory)."""
     return int(header[0]) != DEVICE_TENSOR and int(header[1]) <= FRAME - HEADER * 8
+
+
+class Recycled:
+    """Receive buffers for large payloads (at least ``least`` bytes), each taken again for a payload of its size
+    once nothing refers to it any more: no tensor, view or array made from it is alive (the buffer's reference
+    count, which every such object raises, says so). Keeps the ``keep`` used last. A fresh 64 MiB buffer costs
+    its page faults on every message; a recycled one none."""
+
+    def __init__(self, keep: int = 2, least: int = 2**20) -> None:
+        self.keep, self.least = keep, least
+        self.arrays: list[Any] = []  # numpy uint8 arrays, the one used last at the end
+
+    def take(self, nbytes: int) -> Any:
+        import numpy as np  # noqa: PLC0415 (optional: numpy, installed with torch)
+
+        torch = torch_module()
+        for index in range(len(self.arrays)):
+            # references: the list's and getrefcount's argument; any more is a tensor, view or array still alive
+            if self.arrays[index].nbytes == nbytes and sys.getrefcount(self.arrays[index]) <= 2:
+                self.arrays.append(self.arrays.pop(index))
+                return torch.from_numpy(self.arrays[-1])
+        array = np.empty(nbytes, dtype=np.uint8)
+        if nbytes >= self.least:
+            self.arrays = [*self.arrays, array][-self.keep :]
+        return torch.from_numpy(array)
 
 
 def peer_error(entry: GroupEntry, rank: int, problem: str) -> WorkerError:
@@ -112,6 +143,7 @@ class Pair:
         self.send_lock = threading.Lock()
         self.messages: deque[Any] = deque()
         self.waiters: deque[Future[Any]] = deque()
+        self.queued: deque[tuple[Any, Any]] = deque()  # small sends in flight: (work, frame), oldest first
         self.sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwplace-send")
         backend = device_backend([messenger.entry.placements[messenger.context.rank], peer.placements[rank]])
         self.thread = threading.Thread(target=self._receive, args=(messenger, backend), daemon=True,
@@ -122,27 +154,35 @@ class Pair:
         return f"group {self.peer.name!r} rank {self.rank}"
 
     def _receive(self, messenger: Messenger, backend: str | None) -> None:
+        import numpy as np  # noqa: PLC0415 (optional: numpy, installed with torch)
+
         torch = torch_module()
         try:
             index = self.members.index((messenger.entry.name, messenger.context.rank))
             self.comm = connect(messenger.executor, self.key, self.members, index, messenger.address, backend)
             self.ready.set()
             other = 1 - index
-            frames = [torch.zeros(FRAME, dtype=torch.uint8) for _ in range(2)]
-            posted = self.comm.gloo.recv([frames[0]], other, FRAME_TAG)
+            frames = [torch.zeros(FRAME, dtype=torch.uint8) for _ in range(RING)]
+            views = [frame.numpy() for frame in frames]  # read through numpy: a few us less per message than torch
+            # RING receives stay posted, so RING queued sends can leave at once; gloo fills them in posting order
+            posted = deque(self.comm.gloo.recv([frame], other, FRAME_TAG) for frame in frames)
+            recycled = Recycled()
             for turn in itertools.count():
-                posted.wait()
-                frame = frames[turn % 2]
-                # the next frame's receive is posted before this one is read: a sender never waits for it
-                posted = self.comm.gloo.recv([frames[(turn + 1) % 2]], other, FRAME_TAG)
-                header = frame[: HEADER * 8].view(torch.int64)
-                on_device = int(header[0]) == DEVICE_TENSOR
-                if inline(header):
-                    payload = frame[HEADER * 8 : HEADER * 8 + int(header[1])].clone()
-                else:
-                    payload = empty_payload(header, torch.cuda.current_device() if on_device else None)
-                    (self.comm.device if on_device else self.comm.gloo).recv([payload], other, PAYLOAD_TAG).wait()
-                self._deliver(decode(header.clone(), payload))
+                posted.popleft().wait()
+                raw = views[turn % RING]
+                fields = raw[: HEADER * 8].view(np.int64).tolist()
+                on_device = fields[0] == DEVICE_TENSOR
+                small = not on_device and fields[1] <= FRAME - HEADER * 8
+                data = raw[HEADER * 8 : HEADER * 8 + fields[1]].copy() if small else None
+                posted.append(self.comm.gloo.recv([frames[turn % RING]], other, FRAME_TAG))  # read out: post again
+                if data is not None:
+                    payload = torch.from_numpy(data) if data.size else torch.empty(0, dtype=torch.uint8)
+                    self._deliver(decode_fields(fields, payload))
+                    continue
+                payload = empty_payload(torch.tensor(fields), torch.cuda.current_device()) if on_device else \
+                    recycled.take(fields[1])
+                (self.comm.device if on_device else self.comm.gloo).recv([payload], other, PAYLOAD_TAG).wait()
+                self._deliver(decode_fields(fields, payload))
         except BaseException as exc:
             self._fail(exc)
 
@@ -202,8 +242,13 @@ class Pair:
         frame[: HEADER * 8] = header.view(torch.uint8)
         if inline(header):
             frame[HEADER * 8 : HEADER * 8 + payload.numel()] = payload
+        small = inline(header) and not async_op
         with self.send_lock:
+            self._reap(len(self.queued) >= QUEUED)
             works = [comm.gloo.send([frame], other, FRAME_TAG)]
+            if small:  # its bytes are in the frame: queued, not awaited (a failure is raised by a later send)
+                self.queued.append((works[0], frame))
+                return None
             if not inline(header):
                 on_device = int(header[0]) == DEVICE_TENSOR
                 works.append((comm.device if on_device else comm.gloo).send([payload], other, PAYLOAD_TAG))
@@ -211,6 +256,13 @@ class Pair:
             self._finish(works, frame, payload)
             return None
         return MessageHandle(self.sender.submit(self._finish, works, frame, payload), f"send to {self}")
+
+    def _reap(self, wait: bool) -> None:
+        """Forget the queued sends that finished (waiting for the oldest when ``wait``); raise one's failure."""
+        while self.queued and (wait or self.queued[0][0].is_completed()):
+            work, frame = self.queued.popleft()
+            wait = False
+            self._finish([work], frame)
 
     def _finish(self, works: list[Any], *keep: Any) -> None:
         try:

@@ -101,7 +101,8 @@ class Worker:
     def send(self, obj: Any, group: str, rank: int, async_op: bool = False) -> Any:
         """Send ``obj`` (a tensor, an array or any picklable value) to worker ``rank`` of ``group``; see docs/rl.md.
 
-        Returns when it is sent, or at once with a handle (``wait()``) when ``async_op`` is true.
+        Returns when it is sent (a message of up to 4 KiB: once it is copied and queued; a failure to deliver it
+        is raised by a later send), or at once with a handle (``wait()``) when ``async_op`` is true.
         """
         return messenger(self._context).pair(group, rank).send(obj, async_op)
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import hwplace
-from hwplace.runtime.buckets import check, layout, pack, unpack
+from hwplace.runtime.buckets import check, digest, layout, pack, unpack
 
 torch = pytest.importorskip("torch")
 
@@ -57,3 +57,42 @@ def test_a_flipped_byte_or_a_missing_bucket_is_a_weight_sync_error() -> None:
 def test_what_a_sync_cannot_carry_is_named() -> None:
     with pytest.raises(hwplace.WeightSyncError, match="entry 'x' is 'text'"):
         pack({"x": "text"}, 64)
+
+
+def test_a_large_tensor_is_a_bucket_of_its_own_without_a_copy() -> None:
+    big = torch.arange(2**20, dtype=torch.float32)  # 4 MiB: at least ALONE_BYTES
+    state = {"small": torch.ones(3), "big": big, "empty": torch.zeros(0), "after": torch.full((2,), 7.0)}
+    entries, buckets = pack(state, bucket_bytes=64 * 2**20)
+    pairs = list(buckets)
+    assert [e.bucket for e in entries] == [0, 1, 2, 2]  # big alone, then a new bucket
+    assert np.shares_memory(pairs[1][0], big.numpy())  # the tensor's own memory, not a packed copy
+    check([b for b, _ in pairs], [d for _, d in pairs], "test")
+    out = unpack(entries, [b for b, _ in pairs])
+    assert torch.equal(out["big"], big)
+    assert torch.equal(out["after"], state["after"])
+    assert out["empty"].numel() == 0
+
+
+def test_digests_are_crc32_by_default_and_sha256_ones_are_still_checked() -> None:
+    bucket = np.arange(100, dtype=np.uint8)
+    assert digest(bucket).startswith("crc32:")
+    assert digest(bucket, "sha256").startswith("sha256:")
+    check([bucket], [digest(bucket, "sha256")], "v")
+    check([bucket], [digest(bucket, "sha256").removeprefix("sha256:")], "v")  # a bare hex digest is SHA-256
+    flipped = bucket.copy()
+    flipped[50] ^= 4
+    for algorithm in ("crc32", "sha256"):
+        with pytest.raises(hwplace.WeightSyncError, match="bucket 0 of 1 does not match its digest"):
+            check([flipped], [digest(bucket, algorithm)], "v")
+    with pytest.raises(hwplace.WeightSyncError, match="unknown digest algorithm 'md4'"):
+        digest(bucket, "md4")
+
+
+def test_digests_taken_ahead_on_a_thread_match_and_keep_the_order() -> None:
+    state = {f"t{i}": torch.full((2**20 + i,), float(i)) for i in range(5)}  # 4 MiB each: five buckets
+    entries, buckets = pack(state, bucket_bytes=64 * 2**20)
+    pairs = list(buckets)
+    assert len(pairs) == 5
+    assert [d for _, d in pairs] == [digest(b) for b, _ in pairs]
+    out = unpack(entries, [b for b, _ in pairs])
+    assert all(torch.equal(out[name], value) for name, value in state.items())
