@@ -94,7 +94,7 @@ def digest(buffer: Any, algorithm: str = "crc32") -> str:
 def flat_bytes(name: str, value: Any) -> tuple[str, str, tuple[int, ...], Any]:
     """``(kind, dtype, shape, uint8 array)`` of a tensor (moved to host memory) or a numpy array, without a copy
     where it is already contiguous in host memory."""
-    import numpy as np  # noqa: PLC0415 (optional: numpy, installed with torch and Ray)
+    import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
     if isinstance(value, np.ndarray):
         array = np.ascontiguousarray(value)
@@ -111,7 +111,7 @@ def flat_bytes(name: str, value: Any) -> tuple[str, str, tuple[int, ...], Any]:
 
 def pack(state_dict: Mapping[str, Any], bucket_bytes: int) -> tuple[list[Entry], Iterator[tuple[Any, str]]]:
     """The entries of ``state_dict`` and an iterator over its buckets with their digests, filled one at a time."""
-    import numpy as np  # noqa: PLC0415 (optional: numpy, installed with torch and Ray)
+    import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
     if not isinstance(state_dict, Mapping):
         raise WeightSyncError(f"publish takes a mapping of names to tensors, got {safe_repr(state_dict)}")
@@ -168,7 +168,7 @@ def check(buckets: Sequence[Any], digests: Sequence[str], what: str) -> None:
 
 def unpack(entries: Sequence[Entry], buckets: Sequence[Any]) -> dict[str, Any]:
     """The state dict back from checked buckets: views into them (no copy), torch tensors or numpy arrays."""
-    import numpy as np  # noqa: PLC0415 (optional: numpy, installed with torch and Ray)
+    import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
     out: dict[str, Any] = {}
     torch: Any = None

@@ -51,7 +51,7 @@ def kv_wait(key: str, timeout: float) -> bytes:
     for attempt in range(1 << 30):
         found = internal_kv._internal_kv_get(f"kv:{key}", namespace=namespace())
         if found is not None:
-            return found  # type: ignore[no-any-return]
+            return bytes(found)
         left = deadline - time.monotonic()
         if left <= 0:
             break
