@@ -163,7 +163,7 @@ class RayGroupRuntime(GroupRuntime):
 
     def _warn_of_dead_nodes(self) -> None:
         """Say which workers Ray could not stop: those of a node whose raylet is gone."""
-        dead = {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}
+        dead = {n["NodeID"] for n in ray.nodes() if not n.get("Alive")}  # type: ignore[no-untyped-call]
         lost = [(rank, spec.node) for rank, spec in enumerate(self.specs) if spec.node.node_id in dead]
         if lost:
             warnings.warn(f"group {self.name!r}: Ray could not stop rank(s) " + ", ".join(
