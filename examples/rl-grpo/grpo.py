@@ -13,6 +13,7 @@ carries the version that made it, and trainers never take experience older than 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
@@ -103,15 +104,14 @@ class Rollout(hwplace.Worker):
         # This rank's share of what the trainers take per version, with a margin: once it has made that much
         # with one version, it waits for the next rather than make experience the trainers would discard.
         share = 1.2 * self.settings["tokens_per_rank"] * self.settings["trainer_ranks"] / self.world_size
-        made = made_tokens = waits = 0
+        made = made_tokens = 0
         busy = sync_seconds = 0.0
         try:
             while True:
                 if made_tokens >= share:
-                    try:
+                    # if none comes, the trainers want more of this version than the share: go on
+                    with contextlib.suppress(TimeoutError):
                         sync.latest(min_version=self.version + 1, timeout=2.0)
-                    except TimeoutError:  # the trainers want more of this version than the share: go on
-                        waits += 1
                 batch = [prompts.get(timeout=60)]
                 batch += [prompts.get_nowait() for _ in range(self.batch - 1) if not prompts.empty()]
                 with self.turn():  # colocated with a trainer rank: hwplace calls offload/onload around turns

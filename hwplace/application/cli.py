@@ -18,6 +18,7 @@ from hwplace.config.loading import apply_overrides, load_config
 from hwplace.config.section import cluster_section, parse_cluster_config
 from hwplace.contracts.hardware import Device
 from hwplace.foundation.errors import ConfigError, HwplaceError, PlacementError, PluginError
+from hwplace.foundation.settings import NODE_RANK, read_node_rank
 from hwplace.foundation.version import __version__
 from hwplace.foundation.wording import ranks_text, safe_repr
 from hwplace.inventory.cluster import Cluster
@@ -124,8 +125,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def _node_rank(args: argparse.Namespace, num_nodes: int) -> int:
-    raw = args.node_rank if args.node_rank is not None else os.environ.get("HWPLACE_NODE_RANK", "0")
-    where = "--node-rank" if args.node_rank is not None else "HWPLACE_NODE_RANK"
+    raw = args.node_rank if args.node_rank is not None else (read_node_rank() or "0")
+    where = "--node-rank" if args.node_rank is not None else NODE_RANK
     if not (str(raw).isascii() and str(raw).isdigit() and len(str(raw)) <= 7 and int(raw) < num_nodes):
         raise ConfigError(where, f"{str(raw)[:20]!r} is not a node rank of this config",
                           allowed=f"0 to {num_nodes - 1} (cluster.num_nodes is {num_nodes})")

@@ -66,9 +66,8 @@ def read_detect_timeout() -> float:
 
 
 def read_node_rank() -> str | None:
-    """``HWPLACE_NODE_RANK`` as set (unchecked text), or ``None`` when unset or blank."""
-    raw = os.environ.get(NODE_RANK, "").strip()
-    return raw or None
+    """``HWPLACE_NODE_RANK`` as set (unchecked text: its reader says what is wrong with it), or ``None`` when unset."""
+    return os.environ.get(NODE_RANK)
 
 
 def read_log_level() -> str:
