@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -21,7 +21,7 @@ from hwplace.foundation.errors import ConfigError, WeightSyncError
 from hwplace.foundation.wording import safe_repr
 from hwplace.planning.sync_plan import BROADCAST, SyncTarget, plan_sync
 from hwplace.plugin.current import current_executor
-from hwplace.runtime.buckets import DEFAULT_BUCKET_BYTES, Manifest, Weights, check, pack, unpack
+from hwplace.runtime.buckets import DEFAULT_BUCKET_BYTES, INLINE_BYTES, Entry, Manifest, Weights, check, pack, unpack
 from hwplace.runtime.communicator import check_member, find_entry
 from hwplace.runtime.current import worker_context
 from hwplace.runtime.weight_stream import Receiver, Sender
@@ -62,6 +62,7 @@ class WeightSync:
         self._board = board
         self._uid = uid
         self._members = members  # the broadcast's members: the source, then the targets on other nodes
+        self._on_node = any(t.transport != BROADCAST for t in plan)  # targets that read the board and the store
 
     @classmethod
     def create(cls, name: str, source: str, targets: Sequence[str] = ("rollout",), source_rank: int = 0,
@@ -101,19 +102,32 @@ class WeightSync:
         with state.lock:
             if state.sender is not None and state.sender.error is not None:
                 raise state.sender.error
+            if len(self._members) > 1 and state.sender is None:
+                state.sender = Sender(self.name, self._uid, self._members, self._board, context)
+            version = state.version + 1
             entries, buckets = pack(state_dict, self.bucket_bytes)
-            refs, digests = [], []
-            for bucket, digest in buckets:  # one bucket in this process at a time
-                refs.append(self._board.share(bucket))
-                digests.append(digest)
-            manifest = Manifest(state.version + 1, tuple(entries), tuple(digests), tuple(refs))
-            if len(self._members) > 1:
-                if state.sender is None:
-                    state.sender = Sender(self.name, self._uid, self._members, self._board, context)
-                state.sender.offer(manifest)
-            self._board.post(manifest.version, manifest)
-            state.version = manifest.version
-            return manifest.version
+            if state.sender is not None and state.sender.connected and not self._on_node:
+                state.sender.stream(version, entries, buckets)  # from the tensors themselves, no copy
+            else:
+                manifest = self._store(version, entries, buckets)
+                if state.sender is not None:
+                    state.sender.offer(manifest)
+                if self._on_node:
+                    self._board.post(version, manifest)
+            state.version = version
+            return version
+
+    def _store(self, version: int, entries: list[Entry], buckets: Iterator[tuple[Any, str]]) -> Manifest:
+        """The version's manifest, its buckets copied: in the manifest itself when they are small, else one at a
+        time into the object store (one copy on this node)."""
+        inline = sum(e.nbytes for e in entries) <= INLINE_BYTES
+        kept, digests = [], []
+        for bucket, digest in buckets:  # one bucket in this process at a time
+            kept.append(bucket.copy() if inline else self._board.share(bucket))
+            digests.append(digest)
+        if inline:
+            return Manifest(version, tuple(entries), tuple(digests), (), tuple(kept))
+        return Manifest(version, tuple(entries), tuple(digests), tuple(kept))
 
     def _me(self, what: str) -> SyncTarget:
         context = worker_context(what)
@@ -146,7 +160,7 @@ class WeightSync:
                 return kept
             if version in state.bad and kept is not None and kept.version >= min_version:
                 return kept
-            buffers = self._board.fetch(manifest.refs)
+            buffers = list(manifest.inline) if manifest.inline else self._board.fetch(manifest.refs)
             try:
                 check(buffers, manifest.digests, f"weight sync {self.name!r} version {version}")
             except WeightSyncError:

@@ -73,22 +73,25 @@ def test_a_large_tensor_is_a_bucket_of_its_own_without_a_copy() -> None:
     assert out["empty"].numel() == 0
 
 
-def test_digests_are_crc32_by_default_and_sha256_ones_are_still_checked() -> None:
+def test_digests_are_xxh128_by_default_and_crc32_and_sha256_ones_are_still_checked() -> None:
     bucket = np.arange(100, dtype=np.uint8)
-    assert digest(bucket).startswith("crc32:")
+    assert digest(bucket).startswith("xxh128:")
+    assert len(digest(bucket)) == len("xxh128:") + 32
+    assert digest(bucket, "crc32").startswith("crc32:")
     assert digest(bucket, "sha256").startswith("sha256:")
+    check([bucket], [digest(bucket, "crc32")], "v")
     check([bucket], [digest(bucket, "sha256")], "v")
     check([bucket], [digest(bucket, "sha256").removeprefix("sha256:")], "v")  # a bare hex digest is SHA-256
     flipped = bucket.copy()
     flipped[50] ^= 4
-    for algorithm in ("crc32", "sha256"):
+    for algorithm in ("xxh128", "crc32", "sha256"):
         with pytest.raises(hwplace.WeightSyncError, match="bucket 0 of 1 does not match its digest"):
             check([flipped], [digest(bucket, algorithm)], "v")
-    with pytest.raises(hwplace.WeightSyncError, match="unknown digest algorithm 'md4'"):
+    with pytest.raises(hwplace.WeightSyncError, match="unknown digest algorithm 'md4'; xxh128, crc32, sha256"):
         digest(bucket, "md4")
 
 
-def test_digests_taken_ahead_on_a_thread_match_and_keep_the_order() -> None:
+def test_every_bucket_of_a_many_bucket_state_has_its_own_digest_in_order() -> None:
     state = {f"t{i}": torch.full((2**20 + i,), float(i)) for i in range(5)}  # 4 MiB each: five buckets
     entries, buckets = pack(state, bucket_bytes=64 * 2**20)
     pairs = list(buckets)
