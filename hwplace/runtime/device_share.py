@@ -68,6 +68,7 @@ def _share_cuda(storage: Any) -> Handle:
 
 
 def _open_cuda(handle: Handle, device_index: int) -> Any:
+    # in another process only: CUDA does not open an IPC handle in the process that made it
     torch = torch_module()
     torch.cuda._lazy_init()
     return torch.UntypedStorage._new_shared_cuda(device_index, *handle[1:])
