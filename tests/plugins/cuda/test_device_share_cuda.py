@@ -1,0 +1,91 @@
+"""Device slots through CUDA IPC between two processes on one GPU (``tox -e cuda``): CUDA tensors reach the
+other process on the GPU, without host memory, torn reads included; skips, saying why, without a CUDA GPU."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pytest
+
+import hwplace
+from hwplace.runtime.device_share import SlotDescriptor, SlotReader, SlotWriter, TornRead
+
+torch = pytest.importorskip("torch", reason="torch is not installed: pip install 'hwplace[torch]'")
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+needs_a_gpu = pytest.mark.skipif(GPUS < 1, reason=f"needs a CUDA GPU for CUDA IPC; this machine has {GPUS} "
+                                 "(torch.cuda.device_count())")
+
+
+def raw(tensor: Any) -> bytes:
+    return bytes(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def state(scale: float, device: str = "cuda:0") -> dict[str, Any]:
+    return {"w": torch.arange(4096, dtype=torch.float32, device=device).reshape(64, 64) * scale,
+            "half": torch.full((33,), scale, dtype=torch.bfloat16, device=device),
+            "step": torch.tensor(int(scale), device=device), "empty": torch.zeros(0, 3, device=device),
+            "t": (torch.arange(6, dtype=torch.int16, device=device).reshape(2, 3) * int(scale)).t()}
+
+
+def expected(tensors: dict[str, Any]) -> dict[str, Any]:
+    return {k: (str(v.dtype), tuple(v.shape), "cuda", raw(v)) for k, v in tensors.items()}
+
+
+def _serve(connection: Connection) -> None:
+    """A reader in another process: reads each descriptor it is sent, answers its tensors' bytes or the error."""
+    reader = SlotReader()
+    while (descriptor := connection.recv()) is not None:
+        try:
+            got = reader.read(descriptor)
+            connection.send({k: (str(v.dtype), tuple(v.shape), v.device.type, raw(v)) for k, v in got.items()})
+        except hwplace.WeightSyncError as exc:
+            connection.send(exc)
+
+
+@pytest.fixture
+def other_process() -> Iterator[Connection]:
+    context = multiprocessing.get_context("spawn")
+    mine, theirs = context.Pipe()
+    process = context.Process(target=_serve, args=(theirs,), daemon=True)
+    process.start()
+    try:
+        yield mine
+    finally:
+        mine.send(None)
+        process.join(60)
+        if process.is_alive():
+            process.kill()
+
+
+def ask(connection: Connection, descriptor: SlotDescriptor) -> Any:
+    connection.send(descriptor)
+    if not connection.poll(120):
+        raise TimeoutError("the reading process did not answer in 120 s")
+    return connection.recv()
+
+
+@needs_a_gpu
+@pytest.mark.time_limit(300)
+def test_cuda_slots_are_read_on_the_gpu_in_another_process(other_process: Connection) -> None:
+    writer = SlotWriter()
+    d1 = writer.write(1, state(1.0))
+    assert (d1.kind, d1.device) == ("cuda", 0)
+    assert d1.uuid == str(torch.cuda.get_device_properties(0).uuid)
+    assert d1.digest == SlotWriter().write(1, {k: v.cpu() for k, v in state(1.0).items()}).digest  # same bytes
+    assert ask(other_process, d1) == expected(state(1.0))
+    d2 = writer.write(2, state(2.0))
+    d3 = writer.write(3, state(3.0))
+    assert (d3.slot, d3.generation, d3.handle) == (d1.slot, d1.generation, d1.handle)
+    error = ask(other_process, d1)
+    assert isinstance(error, TornRead)
+    assert "version 1: slot 0 was overwritten" in str(error)
+    assert ask(other_process, d2) == expected(state(2.0))
+    assert ask(other_process, d3) == expected(state(3.0))
+    grown = {**state(4.0), "more": torch.ones(2**20, device="cuda:0")}
+    d4 = writer.write(4, grown)
+    assert (d4.slot, d4.handle != d2.handle) == (1, True)
+    assert ask(other_process, d4) == expected(grown)

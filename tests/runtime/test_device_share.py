@@ -1,0 +1,291 @@
+"""Device slots of a weight sync (no Ray), on CPU through torch's file-system shared memory: the digest, the
+layout, round trips in one process and across two, double buffering, torn and corrupted reads, the mapping of
+device indices, and no shared memory left behind."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import struct
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import hwplace
+from hwplace.runtime import device_share
+from hwplace.runtime.device_share import (
+    ALIGN,
+    CPU,
+    ShareKind,
+    SlotDescriptor,
+    SlotReader,
+    SlotWriter,
+    TornRead,
+    device_digest,
+    device_index,
+    physical_device,
+    slot_layout,
+)
+
+torch = pytest.importorskip("torch")
+MASK = 2**64 - 1
+
+
+def reference_digest(data: bytes) -> str:
+    """The digest by its definition, in plain Python."""
+    padded = data + b"\0" * (-len(data) % 4)
+    words = struct.unpack(f"<{len(padded) // 4}i", padded)
+    s1 = sum(words) & MASK
+    s2 = sum(w * (i + 1) for i, w in enumerate(words)) & MASK
+    return f"wsum:{s1:016x}:{s2:016x}:{len(data)}"
+
+
+def as_tensor(data: bytes) -> Any:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
+
+
+def raw(tensor: Any) -> bytes:
+    return bytes(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def state(scale: float = 1.0) -> dict[str, Any]:
+    """Several dtypes and shapes: 0-dim, empty, non-contiguous, a parameter that wants gradients."""
+    return {"w": torch.nn.Parameter(torch.arange(12, dtype=torch.float32).reshape(3, 4) * scale),
+            "half": torch.full((5,), 0.5 * scale, dtype=torch.bfloat16),
+            "mask": torch.tensor([True, False, True]), "step": torch.tensor(int(7 * scale)),
+            "empty": torch.zeros(0, 2), "t": (torch.arange(6, dtype=torch.int16).reshape(2, 3) * int(scale)).t(),
+            "z": torch.tensor([1 + 2j], dtype=torch.complex64) * scale, "big": torch.arange(1000, dtype=torch.int64)}
+
+
+def assert_same(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert list(got) == list(expected)
+    for name, value in expected.items():
+        assert (got[name].dtype, tuple(got[name].shape)) == (value.dtype, tuple(value.shape)), name
+        assert torch.equal(got[name], value.detach()), name
+
+
+@given(st.binary(max_size=200), st.integers(1, 9))
+def test_the_digest_is_its_definition_in_any_chunk_size(data: bytes, chunk_words: int) -> None:
+    assert device_digest(as_tensor(data), chunk_words) == reference_digest(data)
+
+
+def test_the_digest_wraps_like_int64_and_reads_misaligned_bytes() -> None:
+    data = struct.pack("<i", 2**31 - 1) * 2**17  # s2 passes 2**64
+    assert device_digest(as_tensor(data), chunk_words=2**15) == reference_digest(data)
+    assert int(reference_digest(data).split(":")[2], 16) != sum((2**31 - 1) * (i + 1) for i in range(2**17))
+    shifted = as_tensor(b"x" + data[:4001])[1:]  # a view starting at an odd offset
+    assert device_digest(shifted) == reference_digest(data[:4001])
+
+
+def test_the_digest_catches_flipped_bits_swapped_words_truncation_and_other_contents() -> None:
+    data = bytes(range(256)) * 4
+    digest = device_digest(as_tensor(data))
+    for position in (0, 1, 511, 1023):
+        for bit in (0, 7):
+            flipped = bytearray(data)
+            flipped[position] ^= 1 << bit
+            assert device_digest(as_tensor(bytes(flipped))) != digest, (position, bit)
+    swapped = data[4:8] + data[0:4] + data[8:]
+    assert device_digest(as_tensor(swapped)) != digest
+    assert device_digest(as_tensor(data[:-1])) != digest
+    assert device_digest(as_tensor(data[:-4])) != digest
+    assert device_digest(as_tensor(data + b"\0")) != digest  # zero padding is not the same length
+    assert device_digest(as_tensor(bytes(reversed(data)))) != digest
+
+
+@given(st.lists(st.integers(0, 5000), max_size=20))
+def test_the_layout_aligns_every_tensor_back_to_back(sizes: list[int]) -> None:
+    offsets, used = slot_layout(sizes)
+    assert all(offset % ALIGN == 0 for offset in offsets)
+    ends = [offset + size for offset, size in zip(offsets, sizes, strict=True)]
+    for before, offset in zip([0, *ends], offsets, strict=False):
+        assert before <= offset < before + ALIGN  # no overlap, no more padding than alignment needs
+    assert used == (ends[-1] if sizes else 0)
+
+
+def test_a_state_dict_round_trips_in_one_process_into_a_private_copy() -> None:
+    writer, reader = SlotWriter(), SlotReader()
+    descriptor = writer.write(1, state())
+    assert descriptor.kind == "cpu"
+    assert (descriptor.version, descriptor.device, descriptor.uuid) == (1, -1, "")
+    assert pickle.loads(pickle.dumps(descriptor)) == descriptor
+    got = reader.read(descriptor)
+    assert_same(got, state())
+    writer.write(2, state(2.0))
+    writer.write(3, state(3.0))  # overwrites the slot version 1 was read from
+    assert_same(got, state())  # the tensors read are a copy of their own
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The handles readers open, in order."""
+    handles: list[Any] = []
+
+    def counting_open(handle: Any, index: int) -> Any:
+        handles.append(handle)
+        return CPU.open(handle, index)
+
+    monkeypatch.setitem(device_share.KINDS, "cpu", ShareKind("cpu", CPU.share, counting_open))
+    return handles
+
+
+def test_two_slots_alternate_and_keep_their_handle_until_a_state_dict_outgrows_one(opened: list[Any]) -> None:
+    writer, reader = SlotWriter(), SlotReader()
+    small, large = {"a": torch.ones(100)}, {"a": torch.ones(100), "b": torch.arange(500.0)}
+    d1, d2, d3 = (writer.write(v, {"a": torch.full((100,), float(v))}) for v in (1, 2, 3))
+    assert [d.slot for d in (d1, d2, d3)] == [0, 1, 0]
+    assert (d3.generation, d3.handle) == (d1.generation, d1.handle) != (d2.generation, d2.handle)
+    for d in (d2, d3):
+        assert torch.equal(reader.read(d)["a"], torch.full((100,), float(d.version)))
+    assert opened == [d2.handle, d1.handle]
+    d4 = writer.write(4, large)  # slot 1 is too small now: a new allocation, a new handle
+    assert d4.slot == 1
+    assert d4.generation not in (d1.generation, d2.generation)
+    assert d4.handle != d2.handle
+    d5 = writer.write(5, small)  # slot 0 still fits
+    assert (d5.slot, d5.generation, d5.handle) == (0, d1.generation, d1.handle)
+    assert_same(reader.read(d4), large)
+    assert_same(reader.read(d5), small)
+    assert_same(reader.read(d4), large)
+    assert opened == [d2.handle, d1.handle, d4.handle]  # once per allocation
+
+
+def test_a_freed_slot_leaves_no_shared_memory_once_its_reader_moved_on() -> None:
+    writer, reader = SlotWriter(), SlotReader()
+    writer.write(1, {"a": torch.ones(10)})
+    d2 = writer.write(2, {"a": torch.ones(10)})
+    reader.read(d2)
+    path = "/dev/shm" + d2.handle[1].decode()
+    assert os.path.exists(path)
+    writer.write(3, {"a": torch.ones(10)})
+    grown = writer.write(4, {"a": torch.ones(10), "b": torch.ones(1000)})
+    assert (grown.slot, grown.generation) == (d2.slot, 3)
+    assert os.path.exists(path)  # the writer let go of it, the reader still maps it
+    reader.read(grown)
+    assert not os.path.exists(path)
+
+
+def test_a_reader_behind_two_versions_gets_a_torn_read() -> None:
+    writer, reader = SlotWriter(), SlotReader()
+    d1 = writer.write(1, {"a": torch.ones(64)})
+    d2 = writer.write(2, {"a": torch.full((64,), 2.0)})
+    d3 = writer.write(3, {"a": torch.full((64,), 3.0)})
+    with pytest.raises(TornRead, match="version 1: slot 0 was overwritten or corrupted while it was read") as info:
+        reader.read(d1)
+    assert isinstance(info.value, hwplace.WeightSyncError)
+    assert info.value.version == 1
+    assert float(reader.read(d2)["a"][0]) == 2.0
+    assert float(reader.read(d3)["a"][0]) == 3.0
+
+
+def test_a_corrupted_byte_in_a_slot_is_a_torn_read() -> None:
+    writer = SlotWriter()
+    descriptor = writer.write(1, {"a": torch.arange(64.0)})
+    mapped = torch.empty(0, dtype=torch.uint8).set_(CPU.open(descriptor.handle, -1))
+    mapped[37] ^= 16
+    with pytest.raises(TornRead, match="weight sync version 1: slot 0 was overwritten or corrupted"):
+        SlotReader().read(descriptor)
+    mapped[37] ^= 16
+    assert torch.equal(SlotReader().read(descriptor)["a"], torch.arange(64.0))
+
+
+def test_a_torn_read_crosses_processes_with_its_fields() -> None:
+    error = pickle.loads(pickle.dumps(TornRead(4, "slot 1 was overwritten")))
+    assert isinstance(error, TornRead)
+    assert (error.version, str(error)) == (4, "weight sync version 4: slot 1 was overwritten")
+
+
+def test_a_slot_that_is_gone_is_a_torn_read() -> None:
+    writer = SlotWriter()
+    descriptor = writer.write(1, {"a": torch.ones(4)})
+    del writer  # the slot's only holder
+    with pytest.raises(TornRead, match=r"version 1: slot 0 generation 1 cannot be opened .*freed it or ended"):
+        SlotReader().read(descriptor)
+
+
+def test_device_indices_map_through_what_each_process_sees() -> None:
+    assert physical_device(1, (4, 6)) == 6
+    assert physical_device(3, None) == 3
+    assert device_index(6, (4, 6)) == 1
+    assert device_index(2, None) == 2
+    assert device_index(physical_device(0, (5, 2)), (2, 5)) == 1  # the same GPU under two masks
+    with pytest.raises(hwplace.WeightSyncError, match=r"GPU 3 of its node, which this process does not see "
+                                                      r"\(its devices are GPUs \[0, 1\]\)"):
+        device_index(3, (0, 1))
+    with pytest.raises(hwplace.WeightSyncError, match=r"device index 2 is not among this process's devices"):
+        physical_device(2, (0, 1))
+
+
+@pytest.mark.parametrize(("tensors", "message"), [
+    ({"x": "text"}, "entry 'x' is 'text'; a slot holds torch tensors"),
+    ({"a": torch.ones(1), "b": torch.ones(1, device="meta")}, "entry 'b' is on meta, the entries before it on cpu"),
+    ({"m": torch.ones(1, device="meta")}, "entry 'm' is on meta; .* one of cuda, cpu"),
+    ({"s": torch.ones(2).to_sparse()},
+     r"entry 's' is a torch.sparse_coo tensor of torch.float32; a slot holds torch tensors \(dense, strided\)"),
+    ({}, "a non-empty mapping of names to torch tensors"),
+])
+def test_what_a_slot_cannot_hold_is_named(tensors: dict[str, Any], message: str) -> None:
+    with pytest.raises(hwplace.WeightSyncError, match=message):
+        SlotWriter().write(1, tensors)
+
+
+def _serve(connection: Connection) -> None:
+    """A reader in another process: reads each descriptor it is sent, answers its tensors' bytes or the error."""
+    reader = SlotReader()
+    while (descriptor := connection.recv()) is not None:
+        try:
+            got = reader.read(descriptor)
+            connection.send({k: (str(v.dtype), tuple(v.shape), v.device.type, raw(v)) for k, v in got.items()})
+        except hwplace.WeightSyncError as exc:
+            connection.send(exc)
+
+
+def expected(tensors: dict[str, Any]) -> dict[str, Any]:
+    return {k: (str(v.dtype), tuple(v.shape), v.device.type, raw(v.cpu())) for k, v in tensors.items()}
+
+
+@pytest.fixture
+def other_process() -> Iterator[Connection]:
+    """A connection to :func:`_serve` in a new interpreter (spawned: it inherits no memory of this one)."""
+    context = multiprocessing.get_context("spawn")
+    mine, theirs = context.Pipe()
+    process = context.Process(target=_serve, args=(theirs,), daemon=True)
+    process.start()
+    try:
+        yield mine
+    finally:
+        mine.send(None)
+        process.join(60)
+        if process.is_alive():
+            process.kill()
+
+
+def ask(connection: Connection, descriptor: SlotDescriptor) -> Any:
+    connection.send(descriptor)
+    if not connection.poll(60):
+        raise TimeoutError("the reading process did not answer in 60 s")
+    return connection.recv()
+
+
+@pytest.mark.time_limit(120)
+def test_slots_are_read_in_another_process_torn_reads_included(other_process: Connection) -> None:
+    writer = SlotWriter()
+    d1 = writer.write(1, state())
+    assert ask(other_process, d1) == expected(state())
+    d2 = writer.write(2, state(2.0))
+    writer.write(3, state(3.0))
+    error = ask(other_process, d1)
+    assert isinstance(error, TornRead)
+    assert "version 1: slot 0 was overwritten" in str(error)
+    assert ask(other_process, d2) == expected(state(2.0))
+    path = "/dev/shm" + d2.handle[1].decode()
+    grown = writer.write(4, {**state(4.0), "more": torch.ones(4096)})
+    assert grown.slot == d2.slot
+    assert os.path.exists(path)  # the other process still maps the slot's first allocation
+    assert ask(other_process, grown) == expected({**state(4.0), "more": torch.ones(4096)})
+    assert not os.path.exists(path)  # it moved on, and nobody holds the first allocation any more
