@@ -290,6 +290,25 @@ def wait_watching(handle: hwplace.Handle, producers: dict[str, hwplace.Handle]) 
             return handle.wait(timeout=POLL)
         except TimeoutError:
             pass
+        except hwplace.WorkerError as failed:
+            if isinstance(failed.__cause__, hwplace.WeightSyncError):  # a rollout it syncs to may have died
+                raise_root_cause(failed, producers)
+            raise
+
+
+def raise_root_cause(failed: hwplace.WorkerError, producers: dict[str, hwplace.Handle], grace: float = 10.0) -> None:
+    """Raise the ``WorkerError`` of a producer that failed too (the root cause of ``failed``), waiting up to
+    ``grace`` s for its executor to notice; return when none did."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        for producer in producers.values():
+            try:
+                producer.wait(timeout=0)
+            except TimeoutError:
+                continue
+            except hwplace.WorkerError as cause:
+                raise cause from failed
+        time.sleep(0.1)
 
 
 DEFAULTS: dict[str, Any] = {

@@ -36,7 +36,7 @@ DEFAULT_DIGEST = "xxh128" if HAVE_XXHASH else "crc32"
 
 DEFAULT_BUCKET_BYTES = 64 * 2**20
 ALONE_BYTES = 4 * 2**20  # a tensor at least this large travels in a bucket of its own, without packing
-INLINE_BYTES = 2**20  # a version up to this size travels in its manifest, not by reference to the object store
+INLINE_BYTES = 4 * 2**20  # a version up to this size is packed whole before it is sent: its digests go first
 
 
 @dataclass(frozen=True)
@@ -60,18 +60,6 @@ class Weights:
     tensors: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
-class Manifest:
-    """What a version is made of: the entries, each bucket's digest, and its buckets: by reference to the object
-    store (``refs``), or, for a small version, ``inline`` (copies that travel with the manifest)."""
-
-    version: int
-    entries: tuple[Entry, ...]
-    digests: tuple[str, ...]
-    refs: tuple[Any, ...]
-    inline: tuple[Any, ...] = ()
-
-
 def layout(sizes: Sequence[int], bucket_bytes: int,
            alone_bytes: int | None = None) -> tuple[list[tuple[int, int]], list[int]]:
     """Each size's ``(bucket, offset)`` and each bucket's size, filling buckets in order up to ``bucket_bytes``.
@@ -92,6 +80,15 @@ def layout(sizes: Sequence[int], bucket_bytes: int,
         places.append((len(buckets) - 1, buckets[-1]))
         buckets[-1] += size
     return places, buckets
+
+
+def sizes(entries: Sequence[Entry]) -> list[int]:
+    """Each bucket's size in bytes, from the entries that lie in it."""
+    out: list[int] = []
+    for entry in entries:
+        out.extend([0] * (entry.bucket + 1 - len(out)))
+        out[entry.bucket] = max(out[entry.bucket], entry.offset + entry.nbytes)
+    return out
 
 
 def digest(buffer: Any, algorithm: str = DEFAULT_DIGEST) -> str:

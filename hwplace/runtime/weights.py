@@ -1,42 +1,52 @@
 """``hwplace.WeightSync``: versioned, digest-checked weights from one source rank to the ranks of target groups.
 
-Created on the driver once the groups run, it carries its plan (:mod:`hwplace.planning.sync_plan`) and the
-executor's :class:`~hwplace.executor.VersionBoard`, and pickles into worker methods. ``publish`` packs the
-state dict into buckets (:mod:`hwplace.runtime.buckets`), one at a time into the object store (one copy, on the
-source's node), then posts the version. Targets on that node map the buckets from the object store (shared
-memory: no copy) once they check every digest; targets on other nodes take part in a broadcast
-(:mod:`hwplace.runtime.weight_stream`). Imports the layers below and those modules.
+Created on the driver once the groups run, it carries its plan (:mod:`hwplace.planning.sync_plan`) and pickles
+into worker methods. ``publish`` packs the state dict into buckets (:mod:`hwplace.runtime.buckets`) and
+announces each version on the sync's streams (:mod:`hwplace.runtime.weight_stream`):
+
+- targets on the source's node: a small version travels in its announcement; a larger one is written once, bucket
+  after bucket, into a shared-memory segment of the source (:mod:`hwplace.runtime.segments`), which they map
+  without a copy; CUDA tensors reach a target on the same GPU through CUDA IPC
+  (:mod:`hwplace.runtime.device_share`), without passing through host memory;
+- targets on other nodes: the buckets follow the announcement in a broadcast, straight from the source's
+  tensors once every such target has joined.
+
+Every bucket's digest is checked on the target before the version becomes its latest. Imports the layers below
+and those modules.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hwplace.contracts.executor import VersionBoard
 from hwplace.foundation.errors import ConfigError, WeightSyncError
 from hwplace.foundation.wording import safe_repr
-from hwplace.planning.sync_plan import BROADCAST, SyncTarget, plan_sync
+from hwplace.planning.sync_plan import BROADCAST, SHARED_MEMORY, SyncTarget, plan_sync
 from hwplace.plugin.current import current_executor
-from hwplace.runtime.buckets import DEFAULT_BUCKET_BYTES, INLINE_BYTES, Entry, Manifest, Weights, check, pack, unpack
+from hwplace.runtime.buckets import DEFAULT_BUCKET_BYTES, INLINE_BYTES, Weights, pack, sizes
 from hwplace.runtime.communicator import check_member, find_entry
 from hwplace.runtime.current import worker_context
-from hwplace.runtime.weight_stream import Receiver, Sender
+from hwplace.runtime.device_share import SlotWriter
+from hwplace.runtime.segments import SegmentPool
+from hwplace.runtime.weight_stream import ANNOUNCED_BYTES, Announcement, Member, Receiver, Sender
+
+NODE, OTHER = "node", "other"  # the two streams: to the targets on the source's node, and on other nodes
 
 
 class _State:
-    """One process's side of one weight sync: the source's version count and sender, a target's kept version."""
+    """One process's side of one weight sync: the source's version count, senders and stores, or a target's
+    receiver."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.version = 0
-        self.sender: Sender | None = None
+        self.senders: dict[str, Sender] = {}
+        self.segments: SegmentPool | None = None
+        self.slots: SlotWriter | None = None
         self.receiver: Receiver | None = None
-        self.kept: Weights | None = None
-        self.bad: set[int] = set()
 
 
 _states: dict[str, _State] = {}
@@ -52,17 +62,19 @@ class WeightSync:
     ``sync.plan`` lists each target rank's group, rank, node and transport.
     """
 
-    def __init__(self, name: str, source: str, source_rank: int, plan: tuple[SyncTarget, ...],
-                 board: VersionBoard, uid: str, bucket_bytes: int, members: tuple[tuple[str, int], ...]) -> None:
+    def __init__(self, name: str, source: str, source_rank: int, plan: tuple[SyncTarget, ...], uid: str,
+                 bucket_bytes: int) -> None:
         self.name = name
         self.source = source
         self.source_rank = source_rank
         self.plan = plan
         self.bucket_bytes = bucket_bytes
-        self._board = board
         self._uid = uid
-        self._members = members  # the broadcast's members: the source, then the targets on other nodes
-        self._on_node = any(t.transport != BROADCAST for t in plan)  # targets that read the board and the store
+        me = (source, source_rank)
+        self._streams: dict[str, tuple[Member, ...]] = {
+            where: (me, *((t.group, t.rank) for t in plan if (t.transport == BROADCAST) == (where == OTHER)))
+            for where in (NODE, OTHER)}
+        self._all_shared = all(t.transport in (SHARED_MEMORY, BROADCAST) for t in plan)  # this node's: one GPU
 
     @classmethod
     def create(cls, name: str, source: str, targets: Sequence[str] = ("rollout",), source_rank: int = 0,
@@ -80,9 +92,7 @@ class WeightSync:
         if source in targets:
             raise ConfigError("targets", f"include the source group {source!r}", allowed="other groups")
         plan = plan_sync(entry.placements[source_rank], {t: find_entry(executor, t).placements for t in targets})
-        members = ((source, source_rank), *((t.group, t.rank) for t in plan if t.transport == BROADCAST))
-        board = executor.create_board(name, source, source_rank)
-        return cls(name, source, source_rank, plan, board, os.urandom(8).hex(), bucket_bytes, members)
+        return cls(name, source, source_rank, plan, os.urandom(8).hex(), bucket_bytes)
 
     def __repr__(self) -> str:
         targets = sorted({t.group for t in self.plan})
@@ -92,42 +102,74 @@ class WeightSync:
         with _states_lock:
             return _states.setdefault(self._uid, _State())
 
+    def _key(self, where: str) -> str:
+        return f"wsync/{self._uid}/{where}"
+
     def publish(self, state_dict: Mapping[str, Any]) -> int:
         """Send ``state_dict`` (names to torch tensors or numpy arrays) to every target; returns its version."""
         context = worker_context("WeightSync.publish")
         if (context.group, context.rank) != (self.source, self.source_rank):
             raise WeightSyncError(f"weight sync {self.name!r}: publish runs on its source, group {self.source!r} "
                                   f"rank {self.source_rank}, not on group {context.group!r} rank {context.rank}")
+        if not isinstance(state_dict, Mapping):
+            raise WeightSyncError(f"publish takes a mapping of names to tensors, got {safe_repr(state_dict)}")
         state = self._state()
         with state.lock:
-            if state.sender is not None and state.sender.error is not None:
-                raise state.sender.error
-            if len(self._members) > 1 and state.sender is None:
-                state.sender = Sender(self.name, self._uid, self._members, self._board, context)
+            for sender in state.senders.values():
+                if sender.error is not None:
+                    raise sender.error
+            for where, members in self._streams.items():
+                if len(members) > 1 and where not in state.senders:
+                    state.senders[where] = Sender(self.name, self._key(where), members, context,
+                                                  "on this node" if where == NODE else "on other nodes")
             version = state.version + 1
-            entries, buckets = pack(state_dict, self.bucket_bytes)
-            if state.sender is not None and state.sender.connected and not self._on_node:
-                state.sender.stream(version, entries, buckets)  # from the tensors themselves, no copy
-            else:
-                manifest = self._store(version, entries, buckets)
-                if state.sender is not None:
-                    state.sender.offer(manifest)
-                if self._on_node:
-                    self._board.post(version, manifest)
+            node, other = state.senders.get(NODE), state.senders.get(OTHER)
+            slot = None
+            if node is not None and _on_device(state_dict) and any(t.transport == SHARED_MEMORY for t in self.plan):
+                state.slots = state.slots or SlotWriter(context.placement.visible_accelerators or None)
+                slot = state.slots.write(version, state_dict)  # CUDA IPC: the same GPU, no host copy
+            host_here = node is not None and not (slot is not None and self._all_shared)
+            if host_here or other is not None:
+                self._send_host(state, version, state_dict, node if host_here else None, other)
+            if node is not None and not host_here:
+                _announce(node, Announcement(version, (), slot=slot))
             state.version = version
             return version
 
-    def _store(self, version: int, entries: list[Entry], buckets: Iterator[tuple[Any, str]]) -> Manifest:
-        """The version's manifest, its buckets copied: in the manifest itself when they are small, else one at a
-        time into the object store (one copy on this node)."""
-        inline = sum(e.nbytes for e in entries) <= INLINE_BYTES
-        kept, digests = [], []
-        for bucket, digest in buckets:  # one bucket in this process at a time
-            kept.append(bucket.copy() if inline else self._board.share(bucket))
-            digests.append(digest)
-        if inline:
-            return Manifest(version, tuple(entries), tuple(digests), (), tuple(kept))
-        return Manifest(version, tuple(entries), tuple(digests), tuple(kept))
+    def _send_host(self, state: _State, version: int, state_dict: Mapping[str, Any], node: Sender | None,
+                   other: Sender | None) -> None:
+        """The version in host memory: packed into buckets, copied once for this node (in its announcement when
+        small, else into a segment) and announced there; streamed to the other nodes."""
+        entries, buckets = pack(state_dict, self.bucket_bytes)
+        lengths = tuple(sizes(entries))
+        if node is None and other is not None and other.connected:  # no copy: straight from the tensors
+            if sum(lengths) <= INLINE_BYTES:  # small: the digests go ahead of the buckets
+                pairs = list(buckets)
+                other.send(Announcement(version, tuple(entries), tuple(d for _, d in pairs), lengths, follows=True),
+                           pairs)
+            else:
+                other.send(Announcement(version, tuple(entries), lengths=lengths, follows=True, digests_follow=True),
+                           buckets)
+            return
+        copies: list[Any]
+        if node is not None and sum(lengths) > ANNOUNCED_BYTES:
+            state.segments = state.segments or SegmentPool(self._uid)
+            segment, digests = state.segments.write(version, lengths, buckets)
+            note = Announcement(version, tuple(entries), tuple(digests), lengths, segment=segment)
+            copies = state.segments.views(segment) if other is not None else []
+        else:
+            pairs = [(bucket.copy(), digest) for bucket, digest in buckets]
+            copies, digests = [b for b, _ in pairs], [d for _, d in pairs]
+            note = Announcement(version, tuple(entries), tuple(digests), lengths,
+                                inline=tuple(b.tobytes() for b in copies) if node is not None else ())
+        if node is not None:
+            _announce(node, note)
+        if other is not None:
+            follows = Announcement(version, note.entries, note.digests, lengths, follows=True)
+            if other.connected:
+                other.send(follows, zip(copies, note.digests, strict=True))
+            else:
+                other.offer(follows, [c.copy() for c in copies])
 
     def _me(self, what: str) -> SyncTarget:
         context = worker_context(what)
@@ -148,29 +190,29 @@ class WeightSync:
             raise WeightSyncError(f"min_version is a version number (0 or more), got {safe_repr(min_version)}")
         me = self._me("WeightSync.latest")
         state = self._state()
-        if me.transport == BROADCAST:
-            with state.lock:
-                if state.receiver is None:
-                    state.receiver = Receiver(self.name, self._uid, self._members, worker_context("latest"))
-            return state.receiver.latest(min_version, timeout)
-        version, manifest = self._board.wait(max(min_version, 1), timeout)
         with state.lock:
-            kept = state.kept
-            if kept is not None and kept.version == version:
-                return kept
-            if version in state.bad and kept is not None and kept.version >= min_version:
-                return kept
-            buffers = list(manifest.inline) if manifest.inline else self._board.fetch(manifest.refs)
-            try:
-                check(buffers, manifest.digests, f"weight sync {self.name!r} version {version}")
-            except WeightSyncError:
-                state.bad.add(version)
-                raise
-            state.kept = Weights(version, MappingProxyType(unpack(manifest.entries, buffers)))
-            return state.kept
+            if state.receiver is None:
+                where = OTHER if me.transport == BROADCAST else NODE
+                state.receiver = Receiver(self.name, self._key(where), self._streams[where],
+                                          worker_context("WeightSync.latest"), me.transport)
+        return state.receiver.latest(min_version, timeout)
 
     def load_into(self, module: Any, min_version: int = 0, timeout: float | None = None) -> int:
         """Load the latest weights into a torch module (``load_state_dict``); returns their version."""
         weights = self.latest(min_version, timeout)
         module.load_state_dict(dict(weights.tensors))
         return weights.version
+
+
+def _on_device(state_dict: Mapping[str, Any]) -> bool:
+    """Whether the state dict's tensors are on an accelerator (then a shared accelerator takes them there)."""
+    device = getattr(next(iter(state_dict.values()), None), "device", None)
+    return getattr(device, "type", "cpu") != "cpu"
+
+
+def _announce(sender: Sender, note: Announcement) -> None:
+    """Announce on the node's stream: now when every target there has joined, else when they have."""
+    if sender.connected:
+        sender.send(note)
+    else:
+        sender.offer(note)
