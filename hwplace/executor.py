@@ -18,7 +18,6 @@ from hwplace.contracts.executor import (
     Handle,
     ObjectStore,
     TurnAddress,
-    VersionBoard,
     WorkerSpec,
     check_executor,
 )
@@ -47,7 +46,6 @@ __all__ = [
     "Share",
     "TurnAddress",
     "TurnServer",
-    "VersionBoard",
     "WorkerContext",
     "WorkerRecord",
     "WorkerSpec",

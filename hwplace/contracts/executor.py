@@ -145,28 +145,6 @@ class GroupEntry:
     addresses: tuple[str, ...]
 
 
-class VersionBoard:
-    """The latest version of one weight sync and where its buckets lie; an executor subclasses it. It pickles.
-
-    :meth:`share` puts a buffer in the executor's object store (one copy on this node) and returns a reference
-    that pickles; :meth:`fetch` maps referenced buffers in another process (without a copy on the same node).
-    :meth:`post` makes a version the latest; :meth:`wait` blocks (no polling) until one at least
-    ``min_version`` is posted and returns ``(version, manifest)``, or raises ``TimeoutError``.
-    """
-
-    def post(self, version: int, manifest: Any) -> None:
-        raise NotImplementedError(f"{type(self).__name__}.post")
-
-    def wait(self, min_version: int, timeout: float | None) -> tuple[int, Any]:
-        raise NotImplementedError(f"{type(self).__name__}.wait")
-
-    def share(self, buffer: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__}.share")
-
-    def fetch(self, refs: Sequence[Any]) -> list[Any]:
-        raise NotImplementedError(f"{type(self).__name__}.fetch")
-
-
 @dataclass(frozen=True)
 class ChannelAddress:
     """Where a channel's host serves (a :class:`ChannelServer`) and how to reach it; it pickles.
@@ -239,10 +217,6 @@ class Executor:
     def kv_wait(self, key: str, timeout: float) -> bytes:
         """The value of ``key``, waiting up to ``timeout`` seconds for a process to store it (``TimeoutError``)."""
         raise NotImplementedError(f"{type(self).__name__}.kv_wait")
-
-    def create_board(self, name: str, group: str, rank: int) -> VersionBoard:
-        """A new :class:`VersionBoard` for the weight sync ``name``, held on the node of ``group``'s ``rank``."""
-        raise NotImplementedError(f"{type(self).__name__}.create_board")
 
     def where(self) -> str:
         """The cluster this process is connected to, in a few words (``"Ray cluster at 10.0.0.1:6379"``), for

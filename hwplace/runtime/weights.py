@@ -29,7 +29,7 @@ from hwplace.plugin.current import current_executor
 from hwplace.runtime.buckets import DEFAULT_BUCKET_BYTES, INLINE_BYTES, Weights, pack, sizes
 from hwplace.runtime.communicator import check_member, find_entry
 from hwplace.runtime.current import worker_context
-from hwplace.runtime.device_share import SlotWriter
+from hwplace.runtime.device_share import SlotDescriptor, SlotWriter
 from hwplace.runtime.segments import SegmentPool
 from hwplace.runtime.weight_stream import ANNOUNCED_BYTES, Announcement, Member, Receiver, Sender
 
@@ -130,14 +130,14 @@ class WeightSync:
                 slot = state.slots.write(version, state_dict)  # CUDA IPC: the same GPU, no host copy
             host_here = node is not None and not (slot is not None and self._all_shared)
             if host_here or other is not None:
-                self._send_host(state, version, state_dict, node if host_here else None, other)
+                self._send_host(state, version, state_dict, node if host_here else None, other, slot)
             if node is not None and not host_here:
                 _announce(node, Announcement(version, (), slot=slot))
             state.version = version
             return version
 
     def _send_host(self, state: _State, version: int, state_dict: Mapping[str, Any], node: Sender | None,
-                   other: Sender | None) -> None:
+                   other: Sender | None, slot: SlotDescriptor | None) -> None:
         """The version in host memory: packed into buckets, copied once for this node (in its announcement when
         small, else into a segment) and announced there; streamed to the other nodes."""
         entries, buckets = pack(state_dict, self.bucket_bytes)
@@ -155,12 +155,12 @@ class WeightSync:
         if node is not None and sum(lengths) > ANNOUNCED_BYTES:
             state.segments = state.segments or SegmentPool(self._uid)
             segment, digests = state.segments.write(version, lengths, buckets)
-            note = Announcement(version, tuple(entries), tuple(digests), lengths, segment=segment)
+            note = Announcement(version, tuple(entries), tuple(digests), lengths, segment=segment, slot=slot)
             copies = state.segments.views(segment) if other is not None else []
         else:
             pairs = [(bucket.copy(), digest) for bucket, digest in buckets]
             copies, digests = [b for b, _ in pairs], [d for _, d in pairs]
-            note = Announcement(version, tuple(entries), tuple(digests), lengths,
+            note = Announcement(version, tuple(entries), tuple(digests), lengths, slot=slot,
                                 inline=tuple(b.tobytes() for b in copies) if node is not None else ())
         if node is not None:
             _announce(node, note)

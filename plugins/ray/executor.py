@@ -24,7 +24,6 @@ from hwplace.executor import (
     GroupRequest,
     GroupRuntime,
     TurnAddress,
-    VersionBoard,
     detect_timeout,
 )
 from hwplace_plugins.ray.connect import connect, import_ray
@@ -67,7 +66,6 @@ class RayExecutor(hwplace.Executor):
             from hwplace_plugins.ray import (  # noqa: PLC0415 (they import Ray: loaded on first use)
                 channel,
                 probe,
-                rendezvous,
                 runtime,
                 turns,
             )
@@ -78,7 +76,6 @@ class RayExecutor(hwplace.Executor):
                 "host": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(runtime.WorkerHost),
                 "channel": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(channel.ChannelHost),
                 "turns": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(turns.TurnHost),
-                "board": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(rendezvous.BoardHost),
             }
             self._remote[name] = made[name]()
         return self._remote[name]
@@ -294,16 +291,6 @@ class RayExecutor(hwplace.Executor):
 
     def kv_wait(self, key: str, timeout: float) -> bytes:
         return rendezvous().kv_wait(key, timeout)  # type: ignore[no-any-return]
-
-    def create_board(self, name: str, group: str, rank: int) -> VersionBoard:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415 (optional: Ray)
-
-        with self._lock:
-            self._forget_ended_sessions()  # before a handle of this session is kept
-        actor = self.remote("board").options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_of(group, rank), soft=False)).remote()
-        self._channels[f"board:{name}:{id(actor)}"] = actor  # kept, like channels, while this executor lives
-        return rendezvous().RayVersionBoard(name, actor)  # type: ignore[no-any-return]
 
     def create_channel(self, name: str, maxsize: int, group: str | None, rank: int) -> ChannelAddress:
         ray = import_ray()

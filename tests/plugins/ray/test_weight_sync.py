@@ -3,6 +3,9 @@ and a corrupted bucket caught by its digest (the previous version kept)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Any
 from unittest import mock
 
@@ -43,7 +46,7 @@ class Trainer(hwplace.Worker):
     def publish(self, sync: hwplace.WeightSync, version: int) -> int:
         return sync.publish(state_dict(version))
 
-    def publish_corrupted(self, sync: hwplace.WeightSync, version: int) -> int:
+    def publish_corrupted(self, sync: hwplace.WeightSync, version: int, state: dict[str, Any] | None = None) -> int:
         real = buckets.pack
 
         def corrupting(state: Any, bucket_bytes: int) -> Any:
@@ -59,7 +62,40 @@ class Trainer(hwplace.Worker):
             return entries, flipped()
 
         with mock.patch.object(weights_module, "pack", corrupting):
+            return sync.publish(state_dict(version) if state is None else state)
+
+
+    def publish_state(self, sync: hwplace.WeightSync, state: dict[str, Any]) -> int:
+        return sync.publish(state)
+
+    def publish_big(self, sync: hwplace.WeightSync, version: int, corrupt: bool = False) -> int:
+        """Two 4.4 MB tensors and a small one: each large one is a bucket of its own, and the version is over
+        the 4 MiB that is packed in advance, so the digests follow the buckets."""
+        state = {"a": torch.full((1_100_000,), float(version)), "b": torch.full((1_100_000,), float(version)),
+                 "c": torch.full((3,), float(version))}
+        if not corrupt:
+            return sync.publish(state)
+        return self.publish_corrupted(sync, version, state)
+
+    def publish_through_slots(self, sync: hwplace.WeightSync, version: int) -> int:
+        """Publish as if the tensors were on an accelerator: the device-share slots then carry them to the rank
+        that shares it (here torch's CPU shared memory, standing in for CUDA IPC), the others read host copies."""
+        with mock.patch.object(weights_module, "_on_device", return_value=True):
             return sync.publish(state_dict(version))
+
+    def segments(self, sync: hwplace.WeightSync) -> int:
+        """How many shared-memory segments this source holds for ``sync``."""
+        segments = sync._state().segments
+        return 0 if segments is None else segments.count
+
+    def publish_until_it_fails(self, sync: hwplace.WeightSync, attempts: int) -> str:
+        for attempt in range(1, attempts + 1):
+            try:
+                sync.publish(state_dict(attempt))
+            except hwplace.WeightSyncError as exc:
+                return str(exc)
+            time.sleep(0.1)
+        return f"published {attempts} versions"
 
 
 class Rollout(hwplace.Worker):
@@ -77,6 +113,16 @@ class Rollout(hwplace.Worker):
         model = Model()
         version = sync.load_into(model, min_version=min_version, timeout=60)
         return version, float(model.head.weight.float().mean())
+
+    def slots_mapped(self, sync: hwplace.WeightSync) -> int:
+        receiver = sync._state().receiver
+        return 0 if receiver is None else len(receiver._slots._mapped)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def die(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def publish(self, sync: hwplace.WeightSync) -> str:
         try:
@@ -138,3 +184,95 @@ def test_misuse_is_a_clear_error(groups, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(current, "_context", [])  # other tests host a worker in this process
     with pytest.raises(hwplace.HwplaceError, match="inside a worker"):
         sync.latest()
+
+
+def test_a_tiny_version_travels_inside_its_announcement(groups) -> None:
+    trainer, rollout, _ = groups
+    sync = hwplace.WeightSync.create("tiny", source="trainer", targets=("rollout",))
+    waiting = rollout.latest(sync, 1)
+    assert trainer.publish_state(sync, {"w": torch.full((4,), 1.0)}).wait(timeout=60) == [1]
+    assert waiting.wait(timeout=60) == [(1, [1.0])] * 3
+    assert trainer.segments(sync).wait(timeout=60) == [0]  # no segment: the version was in the announcement
+
+
+def test_segments_are_recycled_while_targets_keep_the_newest_version(groups) -> None:
+    trainer, rollout, _ = groups
+    sync = hwplace.WeightSync.create("recycled", source="trainer", targets=("rollout",))
+    for version in range(1, 11):
+        assert trainer.publish(sync, version).wait(timeout=60) == [version]
+        assert rollout.latest(sync, version).wait(timeout=60) == [(version, [float(version)])] * 3
+    assert trainer.segments(sync).wait(timeout=60)[0] in (1, 2, 3)  # not one per version
+
+
+@pytest.fixture(scope="module")
+def far(groups, hwplace_local_ray: LocalRay):
+    """Two rollout ranks on node 1 only: every target of a sync to them is on another node."""
+    cluster = hwplace.Cluster(CONFIG["cluster"])
+    group = Rollout.create_group().launch(cluster, hwplace.NodePlacementStrategy([1, 1]), name="far")
+    yield group
+    group.shutdown()
+
+
+def test_to_other_nodes_only_versions_stream_straight_from_the_tensors(groups, far) -> None:
+    trainer, _, _ = groups
+    sync = hwplace.WeightSync.create("far", source="trainer", targets=("far",))
+    assert [t.transport for t in sync.plan] == ["broadcast", "broadcast"]
+    waiting = far.latest(sync, 1)  # before the targets join, a version is offered to the sender's thread
+    assert trainer.publish(sync, 1).wait(timeout=60) == [1]
+    assert waiting.wait(timeout=60) == [(1, [1.0])] * 2
+    assert trainer.publish_big(sync, 2).wait(timeout=60) == [2]  # joined: sent in publish, digests after
+    assert far.latest(sync, 2).wait(timeout=60) == [(2, [2.0])] * 2
+    [bad] = trainer.publish_big(sync, 3, True).wait(timeout=60)
+    answers = far.latest_or_error(sync, bad).wait(timeout=60)
+    assert all(a.startswith("WeightSyncError") and "bucket 1 of 3 does not match its digest" in a
+               for a in answers), answers
+    assert far.latest(sync, 0).wait(timeout=60) == [(2, [2.0])] * 2
+    assert trainer.publish(sync, 4).wait(timeout=60) == [4]
+    assert far.latest(sync, 4).wait(timeout=60) == [(4, [4.0])] * 2
+    assert trainer.segments(sync).wait(timeout=60) == [0]  # no target on the source's node: no copy there
+
+
+def test_a_target_on_the_node_that_dies_is_named_by_publish(hwplace_local_ray: LocalRay) -> None:
+    cluster = hwplace.Cluster(CONFIG["cluster"])
+    source = Trainer.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="source")
+    victim = Rollout.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 0]), name="victim")
+    try:
+        sync = hwplace.WeightSync.create("dies", source="source", targets=("victim",))
+        waiting = victim.latest(sync, 1)
+        source.publish(sync, 1).wait(timeout=60)
+        assert waiting.wait(timeout=60) == [(1, [1.0])] * 2
+        victim.execute_on(1).die()
+        [answer] = source.publish_until_it_fails(sync, 100).wait(timeout=120)
+        assert answer.startswith("weight sync 'dies': the stream to the targets on this node broke"), answer
+        assert answer.endswith("group 'victim' rank 1 died"), answer
+    finally:
+        source.shutdown()
+        victim.shutdown()
+
+
+def test_a_rank_on_the_source_accelerator_reads_its_device_slots(groups) -> None:
+    trainer, rollout, _ = groups
+    sync = hwplace.WeightSync.create("slots", source="trainer", targets=("rollout",))
+    for version in (1, 2, 3):
+        waiting = rollout.latest(sync, version)
+        assert trainer.publish_through_slots(sync, version).wait(timeout=60) == [version]
+        assert waiting.wait(timeout=60) == [(version, [float(version)])] * 3
+    # rank 0 shares the trainer's accelerator: it read slots (two, double-buffered); the others host copies
+    assert rollout.slots_mapped(sync).wait(timeout=60) == [2, 0, 0]
+
+
+def test_targets_that_all_share_the_source_accelerator_need_no_host_copy(groups, hwplace_local_ray: LocalRay) -> None:
+    trainer, _, _ = groups
+    cluster = hwplace.Cluster(CONFIG["cluster"])
+    on_the_same = hwplace.ComponentPlacement(CONFIG, cluster).get_strategy("trainer")  # the trainer's accelerator
+    mate = Rollout.create_group().launch(cluster, on_the_same, name="mate")
+    try:
+        sync = hwplace.WeightSync.create("mate", source="trainer", targets=("mate",))
+        assert [t.transport for t in sync.plan] == ["shared-memory"]
+        waiting = mate.latest(sync, 1)
+        assert trainer.publish_through_slots(sync, 1).wait(timeout=60) == [1]
+        assert waiting.wait(timeout=60) == [(1, [1.0])]
+        assert trainer.segments(sync).wait(timeout=60) == [0]
+        assert mate.slots_mapped(sync).wait(timeout=60) == [1]
+    finally:
+        mate.shutdown()
