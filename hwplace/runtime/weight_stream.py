@@ -1,29 +1,28 @@
-"""A weight sync's streams: how each version reaches the targets, announced from the source over a communicator.
+"""How each version of a weight sync reaches its targets: announced from the source over a link per target.
 
-A sync has up to two streams, each a communicator whose member 0 is the source: one to the targets on the
-source's node, one to the targets on other nodes. Each is built when the source first publishes and its
-targets first ask for weights. Every version is an :class:`Announcement`, pickled into one fixed-size buffer
-(a second broadcast carries the rest of a large one). The announcement holds the version itself when it is
-small (``inline``), or says where it lies (a :class:`~hwplace.runtime.segments.SegmentRef` on the source's
-node; a :class:`~hwplace.runtime.device_share.SlotDescriptor` on a shared accelerator), or says that its
-buckets follow on the stream (to other nodes; a large version's digests follow them, taken as they are sent:
-one bucket in flight at a time).
+A link is a communicator of two members, the source (member 0) and one target rank, built when the source
+first publishes and that target first asks for weights; each target joins on its own, so one that has not
+asked yet never holds up the others. Every version is an :class:`Announcement`, pickled into one fixed-size
+buffer (a second one carries the rest of a large one). It holds the version itself when it is small
+(``inline``), or says where it lies (a :class:`~hwplace.runtime.segments.SegmentRef` on the source's node; a
+:class:`~hwplace.runtime.device_share.SlotDescriptor` on a shared accelerator), or says that its buckets follow
+(to other nodes; a large version's digests follow them, taken as they are sent: one bucket in flight).
 
-Once a stream's members have all joined, the source sends in ``publish``'s thread; before that, a thread sends
-the newest version offered (versions offered meanwhile are skipped, never mixed), so ``publish`` never waits
-for a target that has not asked yet. A receiver thread on each target takes versions as they come and keeps
-the newest one whose buckets match their digests; waiting for one is a wait on a condition. Imports the layers
-below and the runtime's buckets, communicator, segments and device-share modules.
+:func:`fan_out` sends a version on every link whose target has joined, in ``publish``'s thread, bucket by
+bucket to all of them at once; a link whose target has not joined yet gets it from its own thread once it
+has (the newest version offered: versions offered meanwhile are skipped, never mixed). A link that breaks names
+its target. A receiver thread on each target takes versions as they come and keeps the newest one whose buckets
+match their digests; waiting for one is a wait on a condition. Imports the layers below and the runtime's
+buckets, communicator, segments and device-share modules.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import pickle
 import threading
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -45,7 +44,7 @@ Buckets = Iterable[tuple[Any, str]]  # each bucket (a uint8 array) with its dige
 
 @dataclass(frozen=True)
 class Announcement:
-    """One version as a stream announces it: the entries and digests, and the version itself (``inline``
+    """One version as a link announces it: the entries and digests, and the version itself (``inline``
     buckets), where it lies (``segment``, ``slot``), or that its buckets ``follow`` (then their digests)."""
 
     version: int
@@ -55,39 +54,14 @@ class Announcement:
     inline: tuple[bytes, ...] = ()
     segment: SegmentRef | None = None
     slot: SlotDescriptor | None = None
-    follows: bool = False  # the buckets follow on the stream
+    follows: bool = False  # the buckets follow on the link
     digests_follow: bool = False  # and then their digests (taken as the buckets are sent)
 
 
 def _connect(key: str, members: tuple[Member, ...], context: WorkerContext) -> Any:
-    """The stream's communicator; each member leaves its process id in the source's store, so the source can
-    name a target on its node that dies."""
     executor = current_executor()
     address = find_entry(executor, context.group).addresses[context.rank]
-    index = members.index((context.group, context.rank))
-    comm = connect(executor, key, members, index, address, None)
-    comm.keep[0].set(f"pid/{index}", str(os.getpid()))
-    return comm
-
-
-def _dead(comm: Any, members: tuple[Member, ...]) -> list[Member]:
-    """The members on this node whose process is gone (those that left their process id)."""
-    dead = []
-    for index, member in enumerate(members[1:], 1):
-        with contextlib.suppress(Exception):
-            if comm.keep[0].check([f"pid/{index}"]) and not _alive(int(comm.keep[0].get(f"pid/{index}"))):
-                dead.append(member)
-    return dead
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return connect(executor, key, members, members.index((context.group, context.rank)), address, None)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -107,6 +81,10 @@ def send_pickle(comm: Any, value: Any, torch: Any) -> list[Any]:
     return works
 
 
+def _broadcast(comm: Any, tensor: Any) -> list[Any]:
+    return [comm.gloo.broadcast(tensor, 0)]
+
+
 def recv_pickle(comm: Any, torch: Any) -> Any:
     """The value :func:`send_pickle` broadcast."""
     head = torch.empty(HEAD_BYTES, dtype=torch.uint8)
@@ -121,89 +99,111 @@ def recv_pickle(comm: Any, torch: Any) -> Any:
     return pickle.loads(data)
 
 
-class Sender:
-    """The source's end of one stream."""
+class Link:
+    """The source's end of the link to one target rank (``where`` names it in messages)."""
 
-    def __init__(self, name: str, key: str, members: tuple[Member, ...], context: WorkerContext,
+    def __init__(self, name: str, key: str, members: tuple[Member, Member], context: WorkerContext,
                  where: str) -> None:
         self.name = name
+        self.where = where  # "group 'rollout' rank 1 (node 0)"
         self.error: HwplaceError | None = None
-        self._where = where  # "on this node", "on other nodes": for messages
-        self._members = members
+        self.lock = threading.Lock()  # one version on the wire at a time
+        self.comm: Any = None
+        self.sent = 0
         self._changed = threading.Condition()
-        self._sending = threading.Lock()  # one version on the wire at a time
-        self._comm: Any = None
         self._offered: tuple[Announcement, Sequence[Any]] | None = None
-        self._sent = 0
         threading.Thread(target=self._run, args=(key, members, context), daemon=True,
-                         name=f"hwplace-wsync-send-{name}").start()
+                         name=f"hwplace-wsync-link-{name}").start()
 
     @property
     def connected(self) -> bool:
-        """Whether every member has joined: then :meth:`send` does not wait for a target that never asked."""
-        return self._comm is not None and self.error is None
-
-    def send(self, note: Announcement, buckets: Buckets = ()) -> None:
-        """Send ``note`` (and, when its buckets follow, ``buckets``) now, in the caller's thread; raises the
-        :class:`WeightSyncError` of a broken stream."""
-        try:
-            self._send(note, buckets)
-        except BaseException as exc:
-            self.error = self._broke(exc)
-            raise self.error from None
+        """Whether the target has joined: then :func:`fan_out` sends to it without waiting for it."""
+        return self.comm is not None and self.error is None
 
     def offer(self, note: Announcement, copies: Sequence[Any] = ()) -> None:
-        """Leave ``note`` (with ``copies`` of its buckets when they follow) for the thread to send once every
-        member has joined; a newer offer replaces it."""
+        """Leave ``note`` (with ``copies`` of its buckets when they follow) for this link's thread to send once
+        the target has joined; a newer offer replaces it."""
         with self._changed:
             self._offered = (note, copies)
             self._changed.notify_all()
 
-    def _send(self, note: Announcement, buckets: Buckets) -> None:
-        torch = torch_module()
-        with self._sending:
-            if note.version <= self._sent:
-                return
-            works = send_pickle(self._comm, note, torch)  # the buckets go out without waiting for it to land
-            if note.follows:
-                digests = []
-                with warnings.catch_warnings():  # buffers may be read-only; the root only reads them
-                    warnings.simplefilter("ignore", UserWarning)
-                    for buffer, digest in buckets:
-                        if buffer.nbytes:
-                            self._comm.gloo.broadcast(torch.from_numpy(buffer), 0).wait()
-                        digests.append(digest)
-                if note.digests_follow:
-                    works += send_pickle(self._comm, tuple(digests), torch)
-            for work in works:
-                work.wait()
-            self._sent = note.version
+    def broke(self, exc: BaseException) -> WeightSyncError:
+        self.error = WeightSyncError(f"weight sync {self.name!r}: the link to its target {self.where} broke "
+                                     f"({_first_line(exc)}); that worker has died or shut down")
+        return self.error
 
-    def _broke(self, exc: BaseException) -> WeightSyncError:
-        dead = _dead(self._comm, self._members) if self._comm is not None and self._where == "on this node" else []
-        who = ("; " + ", ".join(f"group {g!r} rank {r}" for g, r in dead) + " died") if dead else \
-            "; a target has died or shut down"
-        return WeightSyncError(f"weight sync {self.name!r}: the stream to the targets {self._where} broke "
-                               f"({_first_line(exc)}){who}")
-
-    def _run(self, key: str, members: tuple[Member, ...], context: WorkerContext) -> None:
+    def _run(self, key: str, members: tuple[Member, Member], context: WorkerContext) -> None:
         try:
             comm = _connect(key, members, context)
-            with self._sending:
-                self._comm = comm
+            with self.lock:
+                self.comm = comm
             while True:
                 with self._changed:
-                    self._changed.wait_for(lambda: self._offered is not None and self._offered[0].version > self._sent)
+                    self._changed.wait_for(lambda: self._offered is not None and self._offered[0].version > self.sent)
                     offered = self._offered
                 if offered is not None:
                     note, copies = offered
-                    self._send(note, zip(copies, note.digests, strict=True))
+                    fan_out([self], note, zip(copies, note.digests, strict=True))
         except BaseException as exc:
-            self.error = self._broke(exc)
+            if self.error is None:
+                self.broke(exc)
+
+
+def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) -> None:
+    """Send ``note`` (and, when its buckets follow, ``buckets``) on every link now, each bucket to all of them
+    at once before the next is taken; links that already have this version or a newer one are left out. Raises
+    the :class:`WeightSyncError` naming a target whose link broke, after the others got the version."""
+    torch = torch_module()
+    links = sorted(links, key=id)  # one lock order for every caller
+    with contextlib.ExitStack() as held:
+        for link in links:
+            held.enter_context(link.lock)
+        live = [link for link in links if link.sent < note.version and link.error is None]
+        works: dict[int, list[Any]] = {}
+
+        def start(link: Link, op: Callable[..., list[Any]], *args: Any) -> None:
+            if link in live:
+                try:
+                    works.setdefault(id(link), []).extend(op(link.comm, *args))
+                except BaseException as exc:
+                    link.broke(exc)
+                    live.remove(link)
+
+        def settle() -> None:
+            for link in list(live):
+                try:
+                    for work in works.pop(id(link), []):
+                        work.wait()
+                except BaseException as exc:
+                    link.broke(exc)
+                    live.remove(link)
+
+        for link in list(live):
+            start(link, send_pickle, note, torch)  # the buckets go out without waiting for it to land
+        digests = []
+        if note.follows:
+            with warnings.catch_warnings():  # buffers may be read-only; the source only reads them
+                warnings.simplefilter("ignore", UserWarning)
+                for buffer, digest in buckets:
+                    if buffer.nbytes:
+                        tensor = torch.from_numpy(buffer)
+                        for link in list(live):
+                            start(link, _broadcast, tensor)
+                        settle()  # one bucket in flight
+                    digests.append(digest)
+            if note.digests_follow:
+                for link in list(live):
+                    start(link, send_pickle, tuple(digests), torch)
+        settle()
+        for link in live:
+            link.sent = note.version
+        broken = [link for link in links if link.error is not None]
+    if broken:
+        raise broken[0].error  # type: ignore[misc]
 
 
 class Receiver:
-    """A target's end of its stream: takes versions as they come and keeps the newest one that is intact."""
+    """A target's end of its link: takes versions as they come and keeps the newest one that is intact."""
 
     def __init__(self, name: str, key: str, members: tuple[Member, ...], context: WorkerContext,
                  transport: str) -> None:
@@ -238,7 +238,7 @@ class Receiver:
                         self._changed.notify_all()
         except BaseException as exc:
             with self._changed:
-                self._error = WeightSyncError(f"weight sync {self.name!r}: the stream from the source broke "
+                self._error = WeightSyncError(f"weight sync {self.name!r}: the link from the source broke "
                                               f"({_first_line(exc)})")
                 self._changed.notify_all()
 

@@ -2,14 +2,14 @@
 
 Created on the driver once the groups run, it carries its plan (:mod:`hwplace.planning.sync_plan`) and pickles
 into worker methods. ``publish`` packs the state dict into buckets (:mod:`hwplace.runtime.buckets`) and
-announces each version on the sync's streams (:mod:`hwplace.runtime.weight_stream`):
+announces each version on a link to each target (:mod:`hwplace.runtime.weight_stream`):
 
 - targets on the source's node: a small version travels in its announcement; a larger one is written once, bucket
   after bucket, into a shared-memory segment of the source (:mod:`hwplace.runtime.segments`), which they map
   without a copy; CUDA tensors reach a target on the same GPU through CUDA IPC
   (:mod:`hwplace.runtime.device_share`), without passing through host memory;
-- targets on other nodes: the buckets follow the announcement in a broadcast, straight from the source's
-  tensors once every such target has joined.
+- targets on other nodes: the buckets follow the announcement on the link, straight from the source's tensors
+  once every such target has joined.
 
 Every bucket's digest is checked on the target before the version becomes its latest. Imports the layers below
 and those modules.
@@ -31,19 +31,17 @@ from hwplace.runtime.communicator import check_member, find_entry
 from hwplace.runtime.current import worker_context
 from hwplace.runtime.device_share import SlotDescriptor, SlotWriter
 from hwplace.runtime.segments import SegmentPool
-from hwplace.runtime.weight_stream import ANNOUNCED_BYTES, Announcement, Member, Receiver, Sender
-
-NODE, OTHER = "node", "other"  # the two streams: to the targets on the source's node, and on other nodes
+from hwplace.runtime.weight_stream import ANNOUNCED_BYTES, Announcement, Link, Receiver, fan_out
 
 
 class _State:
-    """One process's side of one weight sync: the source's version count, senders and stores, or a target's
+    """One process's side of one weight sync: the source's version count, links and stores, or a target's
     receiver."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.version = 0
-        self.senders: dict[str, Sender] = {}
+        self.links: dict[tuple[str, int], Link] = {}
         self.segments: SegmentPool | None = None
         self.slots: SlotWriter | None = None
         self.receiver: Receiver | None = None
@@ -70,10 +68,6 @@ class WeightSync:
         self.plan = plan
         self.bucket_bytes = bucket_bytes
         self._uid = uid
-        me = (source, source_rank)
-        self._streams: dict[str, tuple[Member, ...]] = {
-            where: (me, *((t.group, t.rank) for t in plan if (t.transport == BROADCAST) == (where == OTHER)))
-            for where in (NODE, OTHER)}
         self._all_shared = all(t.transport in (SHARED_MEMORY, BROADCAST) for t in plan)  # this node's: one GPU
 
     @classmethod
@@ -102,8 +96,8 @@ class WeightSync:
         with _states_lock:
             return _states.setdefault(self._uid, _State())
 
-    def _key(self, where: str) -> str:
-        return f"wsync/{self._uid}/{where}"
+    def _key(self, target: SyncTarget) -> str:
+        return f"wsync/{self._uid}/{target.group}/{target.rank}"
 
     def publish(self, state_dict: Mapping[str, Any]) -> int:
         """Send ``state_dict`` (names to torch tensors or numpy arrays) to every target; returns its version."""
@@ -115,61 +109,59 @@ class WeightSync:
             raise WeightSyncError(f"publish takes a mapping of names to tensors, got {safe_repr(state_dict)}")
         state = self._state()
         with state.lock:
-            for sender in state.senders.values():
-                if sender.error is not None:
-                    raise sender.error
-            for where, members in self._streams.items():
-                if len(members) > 1 and where not in state.senders:
-                    state.senders[where] = Sender(self.name, self._key(where), members, context,
-                                                  "on this node" if where == NODE else "on other nodes")
+            for link in state.links.values():
+                if link.error is not None:
+                    raise link.error
+            for t in self.plan:
+                if (t.group, t.rank) not in state.links:
+                    state.links[t.group, t.rank] = Link(self.name, self._key(t), ((self.source, self.source_rank),
+                                                        (t.group, t.rank)), context,
+                                                        f"group {t.group!r} rank {t.rank} (node {t.node})")
             version = state.version + 1
-            node, other = state.senders.get(NODE), state.senders.get(OTHER)
+            node = [state.links[t.group, t.rank] for t in self.plan if t.transport != BROADCAST]
+            other = [state.links[t.group, t.rank] for t in self.plan if t.transport == BROADCAST]
             slot = None
-            if node is not None and _on_device(state_dict) and any(t.transport == SHARED_MEMORY for t in self.plan):
+            if node and _on_device(state_dict) and any(t.transport == SHARED_MEMORY for t in self.plan):
                 state.slots = state.slots or SlotWriter(context.placement.visible_accelerators or None)
                 slot = state.slots.write(version, state_dict)  # CUDA IPC: the same GPU, no host copy
-            host_here = node is not None and not (slot is not None and self._all_shared)
-            if host_here or other is not None:
-                self._send_host(state, version, state_dict, node if host_here else None, other, slot)
-            if node is not None and not host_here:
-                _announce(node, Announcement(version, (), slot=slot))
+            host_here = bool(node) and not (slot is not None and self._all_shared)
+            if host_here or other:
+                self._send_host(state, version, state_dict, node if host_here else [], other, slot)
+            if node and not host_here:
+                _deliver(node, Announcement(version, (), slot=slot))
             state.version = version
             return version
 
-    def _send_host(self, state: _State, version: int, state_dict: Mapping[str, Any], node: Sender | None,
-                   other: Sender | None, slot: SlotDescriptor | None) -> None:
+    def _send_host(self, state: _State, version: int, state_dict: Mapping[str, Any], node: list[Link],
+                   other: list[Link], slot: SlotDescriptor | None) -> None:
         """The version in host memory: packed into buckets, copied once for this node (in its announcement when
-        small, else into a segment) and announced there; streamed to the other nodes."""
+        small, else into a segment) and announced there; sent on to the other nodes."""
         entries, buckets = pack(state_dict, self.bucket_bytes)
         lengths = tuple(sizes(entries))
-        if node is None and other is not None and other.connected:  # no copy: straight from the tensors
+        if not node and all(link.connected for link in other):  # no copy: straight from the tensors
             if sum(lengths) <= INLINE_BYTES:  # small: the digests go ahead of the buckets
                 pairs = list(buckets)
-                other.send(Announcement(version, tuple(entries), tuple(d for _, d in pairs), lengths, follows=True),
-                           pairs)
+                fan_out(other, Announcement(version, tuple(entries), tuple(d for _, d in pairs), lengths,
+                                            follows=True), pairs)
             else:
-                other.send(Announcement(version, tuple(entries), lengths=lengths, follows=True, digests_follow=True),
-                           buckets)
+                fan_out(other, Announcement(version, tuple(entries), lengths=lengths, follows=True,
+                                            digests_follow=True), buckets)
             return
         copies: list[Any]
-        if node is not None and sum(lengths) > ANNOUNCED_BYTES:
+        if node and sum(lengths) > ANNOUNCED_BYTES:
             state.segments = state.segments or SegmentPool(self._uid)
             segment, digests = state.segments.write(version, lengths, buckets)
             note = Announcement(version, tuple(entries), tuple(digests), lengths, segment=segment, slot=slot)
-            copies = state.segments.views(segment) if other is not None else []
+            copies = state.segments.views(segment) if other else []
         else:
             pairs = [(bucket.copy(), digest) for bucket, digest in buckets]
             copies, digests = [b for b, _ in pairs], [d for _, d in pairs]
             note = Announcement(version, tuple(entries), tuple(digests), lengths, slot=slot,
-                                inline=tuple(b.tobytes() for b in copies) if node is not None else ())
-        if node is not None:
-            _announce(node, note)
-        if other is not None:
-            follows = Announcement(version, note.entries, note.digests, lengths, follows=True)
-            if other.connected:
-                other.send(follows, zip(copies, note.digests, strict=True))
-            else:
-                other.offer(follows, [c.copy() for c in copies])
+                                inline=tuple(b.tobytes() for b in copies) if node else ())
+        if node:
+            _deliver(node, note)
+        if other:
+            _deliver(other, Announcement(version, note.entries, note.digests, lengths, follows=True), copies)
 
     def _me(self, what: str) -> SyncTarget:
         context = worker_context(what)
@@ -192,9 +184,8 @@ class WeightSync:
         state = self._state()
         with state.lock:
             if state.receiver is None:
-                where = OTHER if me.transport == BROADCAST else NODE
-                state.receiver = Receiver(self.name, self._key(where), self._streams[where],
-                                          worker_context("WeightSync.latest"), me.transport)
+                state.receiver = Receiver(self.name, self._key(me), ((self.source, self.source_rank),
+                                          (me.group, me.rank)), worker_context("WeightSync.latest"), me.transport)
         return state.receiver.latest(min_version, timeout)
 
     def load_into(self, module: Any, min_version: int = 0, timeout: float | None = None) -> int:
@@ -210,9 +201,14 @@ def _on_device(state_dict: Mapping[str, Any]) -> bool:
     return getattr(device, "type", "cpu") != "cpu"
 
 
-def _announce(sender: Sender, note: Announcement) -> None:
-    """Announce on the node's stream: now when every target there has joined, else when they have."""
-    if sender.connected:
-        sender.send(note)
-    else:
-        sender.offer(note)
+def _deliver(links: list[Link], note: Announcement, copies: Sequence[Any] = ()) -> None:
+    """Send ``note`` now to the targets that have joined; leave it, with copies of ``copies`` (its buckets, when
+    they follow), to the others' links until they join."""
+    waiting = [link for link in links if not link.connected]
+    if waiting:
+        kept = [c.copy() for c in copies]  # the caller's buffers may change after publish returns
+        for link in waiting:
+            link.offer(note, kept)
+    ready = [link for link in links if link not in waiting]
+    if ready:
+        fan_out(ready, note, zip(copies, note.digests, strict=True))

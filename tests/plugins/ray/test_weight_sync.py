@@ -232,10 +232,11 @@ def test_to_other_nodes_only_versions_stream_straight_from_the_tensors(groups, f
     assert trainer.segments(sync).wait(timeout=60) == [0]  # no target on the source's node: no copy there
 
 
-def test_a_target_on_the_node_that_dies_is_named_by_publish(hwplace_local_ray: LocalRay) -> None:
+@pytest.mark.parametrize("nodes", [[0, 0], [1, 1]], ids=["same node", "other node"])
+def test_a_target_that_dies_is_named_by_publish(hwplace_local_ray: LocalRay, nodes: list[int]) -> None:
     cluster = hwplace.Cluster(CONFIG["cluster"])
     source = Trainer.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="source")
-    victim = Rollout.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 0]), name="victim")
+    victim = Rollout.create_group().launch(cluster, hwplace.NodePlacementStrategy(nodes), name="victim")
     try:
         sync = hwplace.WeightSync.create("dies", source="source", targets=("victim",))
         waiting = victim.latest(sync, 1)
@@ -243,8 +244,9 @@ def test_a_target_on_the_node_that_dies_is_named_by_publish(hwplace_local_ray: L
         assert waiting.wait(timeout=60) == [(1, [1.0])] * 2
         victim.execute_on(1).die()
         [answer] = source.publish_until_it_fails(sync, 100).wait(timeout=120)
-        assert answer.startswith("weight sync 'dies': the stream to the targets on this node broke"), answer
-        assert answer.endswith("group 'victim' rank 1 died"), answer
+        assert answer.startswith(f"weight sync 'dies': the link to its target group 'victim' rank 1 (node {nodes[1]}) "
+                                 "broke"), answer
+        assert answer.endswith("that worker has died or shut down"), answer
     finally:
         source.shutdown()
         victim.shutdown()
@@ -276,3 +278,13 @@ def test_targets_that_all_share_the_source_accelerator_need_no_host_copy(groups,
         assert mate.slots_mapped(sync).wait(timeout=60) == [1]
     finally:
         mate.shutdown()
+
+
+def test_a_target_that_has_not_asked_yet_holds_up_no_other(groups) -> None:
+    trainer, rollout, _ = groups
+    sync = hwplace.WeightSync.create("straggler", source="trainer", targets=("rollout",))
+    first = rollout.execute_on(1).latest(sync, 1)  # ranks 0 and 2 have not asked for weights
+    assert trainer.publish(sync, 1).wait(timeout=60) == [1]
+    assert first.wait(timeout=60) == [(1, [1.0])]
+    assert trainer.publish(sync, 2).wait(timeout=60) == [2]
+    assert rollout.latest(sync, 2).wait(timeout=60) == [(2, [2.0])] * 3  # the late ones get the newest
