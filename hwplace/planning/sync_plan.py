@@ -20,6 +20,7 @@ SHARED_MEMORY = "shared-memory"
 OBJECT_STORE = "object-store"
 BROADCAST = "broadcast"
 TRANSPORTS = (SHARED_MEMORY, OBJECT_STORE, BROADCAST)
+KEYS = ("source", "targets", "source_rank")  # the keys of one weight_sync entry
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,10 @@ def parse_weight_sync(section: Any, components: Sequence[str]) -> tuple[SyncSpec
         if not isinstance(entry, Mapping):
             raise ConfigError(path, "is a mapping with source and targets", value=entry,
                               allowed="{source: trainer, targets: [rollout]}")
-        unknown = sorted(set(map(str, entry)) - {"source", "targets", "source_rank"})
+        unknown = sorted(set(map(str, entry)) - set(KEYS))
         if unknown:
             raise ConfigError(f"{path}.{unknown[0]}", "is not a weight_sync key",
-                              allowed="source, targets, source_rank" + did_you_mean(unknown[0], ["source", "targets"]))
+                              allowed=", ".join(KEYS) + did_you_mean(unknown[0], KEYS))
         source = _component(entry.get("source"), f"{path}.source", components)
         raw = entry.get("targets")
         raw_targets = [raw] if isinstance(raw, str) else raw

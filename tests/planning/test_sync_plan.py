@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import hwplace
@@ -45,3 +47,56 @@ def test_the_section_is_checked_against_the_components() -> None:
     ):
         with pytest.raises(hwplace.ConfigError, match=message):
             parse_weight_sync(section, components)
+
+
+def test_accelerator_0_is_shared_like_any_other(plan: hwplace.ComponentPlacement) -> None:
+    trainer, rollout = plan.get_placements("trainer"), plan.get_placements("rollout")
+    assert (trainer[0].local_accelerator_id, rollout[0].local_accelerator_id) == (0, 0)
+    assert transport(trainer[0], rollout[0]) == "shared-memory"
+    assert transport(rollout[0], trainer[0]) == "shared-memory"
+    assert transport(trainer[0], rollout[1]) == "object-store"
+
+
+def test_a_source_rank_and_several_targets_are_kept() -> None:
+    components = ["trainer", "rollout", "critic"]
+    section = {"policy": {"source": "trainer", "targets": ["rollout", "critic"], "source_rank": 2},
+               "value": {"source": "critic", "targets": ["rollout"]}}
+    assert parse_weight_sync(section, components) == (
+        SyncSpec("policy", "trainer", ("rollout", "critic"), 2), SyncSpec("value", "critic", ("rollout",), 0))
+
+
+def test_every_config_error_names_the_key_the_value_and_what_is_allowed() -> None:
+    components = ["trainer", "rollout"]
+
+    def entry(**keys: object) -> dict[str, object]:
+        return {"p": {"source": "trainer", "targets": ["rollout"], **keys}}
+
+    for section, message in (
+        (["p"], "weight_sync: is a mapping of sync names to {source, targets} (got ['p'])"),
+        ({"p": "trainer"}, "weight_sync.p: is a mapping with source and targets (got 'trainer'); "
+                           "{source: trainer, targets: [rollout]}"),
+        (entry(sorce_rank=1), "weight_sync.p.sorce_rank: is not a weight_sync key; source, targets, source_rank; "
+                              "did you mean 'source_rank'?"),
+        (entry(target="rollout"), "weight_sync.p.target: is not a weight_sync key; source, targets, source_rank; "
+                                  "did you mean 'targets'?"),
+        (entry(source="trainr"), "weight_sync.p.source: 'trainr' is not a component of component_placement; "
+                                 "did you mean 'trainer'?; components: trainer, rollout"),
+        (entry(source=3), "weight_sync.p.source: 3 is not a component of component_placement; "
+                          "components: trainer, rollout"),
+        ({"p": {"targets": ["rollout"]}}, "weight_sync.p.source: None is not a component of component_placement; "
+                                          "components: trainer, rollout"),
+        (entry(targets=[]), "weight_sync.p.targets: names at least one component (got [])"),
+        (entry(targets=7), "weight_sync.p.targets: names at least one component (got 7)"),
+        (entry(targets=["rollout", "rolout"]), "weight_sync.p.targets[1]: 'rolout' is not a component of "
+                                               "component_placement; did you mean 'rollout'?; components: "
+                                               "trainer, rollout"),
+        (entry(targets=["rollout", "trainer"]), "weight_sync.p.targets: includes the source 'trainer'; "
+                                                "other components"),
+        (entry(source_rank=-1), "weight_sync.p.source_rank: is a rank of the source (got -1)"),
+        (entry(source_rank=True), "weight_sync.p.source_rank: is a rank of the source (got True)"),
+        (entry(source_rank="1"), "weight_sync.p.source_rank: is a rank of the source (got '1')"),
+        (entry(source_rank=1.0), "weight_sync.p.source_rank: is a rank of the source (got 1.0)"),
+    ):
+        with pytest.raises(hwplace.ConfigError, match=re.escape(message)) as info:
+            parse_weight_sync(section, components)
+        assert str(info.value) == message
