@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import hwplace
-from hwplace.runtime.buckets import check, digest, layout, pack, unpack
+from hwplace.runtime import buckets as buckets_module
+from hwplace.runtime.buckets import Entry, check, digest, layout, pack, unpack
+from hwplace.runtime.buckets import sizes as bucket_sizes
 
 torch = pytest.importorskip("torch")
 
@@ -99,3 +103,117 @@ def test_every_bucket_of_a_many_bucket_state_has_its_own_digest_in_order() -> No
     assert [d for _, d in pairs] == [digest(b) for b, _ in pairs]
     out = unpack(entries, [b for b, _ in pairs])
     assert all(torch.equal(out[name], value) for name, value in state.items())
+
+
+@pytest.mark.parametrize(("sizes", "bucket_bytes", "alone_bytes", "places", "buckets"), [
+    ([2, 0], 2, None, [(0, 0), (0, 2)], [2]),  # a size of exactly bucket_bytes is no bucket of its own
+    ([0, 20, 3], 10, None, [(0, 0), (0, 0), (1, 0)], [20, 3]),  # an empty bucket takes a large size
+    ([0, 0], 10, None, [(0, 0), (0, 0)], [0]),
+    ([1, 10], 10, None, [(0, 0), (1, 0)], [1, 10]),  # one byte in a bucket is enough to open another
+    ([3, 4, 3], 10, None, [(0, 0), (0, 3), (0, 7)], [10]),
+    ([1, 1, 1], 10, 1, [(0, 0), (1, 0), (2, 0)], [1, 1, 1]),  # at least alone_bytes: each alone
+    ([1, 2, 1], 10, 2, [(0, 0), (1, 0), (2, 0)], [1, 2, 1]),  # and what follows one starts a new bucket
+    ([0, 1, 0, 1], 10, 0, [(0, 0), (0, 0), (1, 0), (1, 0)], [1, 1]),  # alone_bytes 0 counts as 1
+])
+def test_the_layout_is_exactly_in_order_and_alone_where_it_must(
+        sizes: list[int], bucket_bytes: int, alone_bytes: int | None, places: list[tuple[int, int]],
+        buckets: list[int]) -> None:
+    assert layout(sizes, bucket_bytes, alone_bytes) == (places, buckets)
+
+
+@pytest.mark.parametrize("bucket_bytes", [0, -1])
+def test_buckets_of_no_bytes_are_refused(bucket_bytes: int) -> None:
+    with pytest.raises(hwplace.WeightSyncError, match=rf"^bucket_bytes must be above 0, got {bucket_bytes}$"):
+        layout([1], bucket_bytes)
+
+
+def test_each_buckets_size_comes_back_from_its_entries() -> None:
+    entries = [Entry("a", "torch", "float32", (2,), 0, 0, 8), Entry("b", "torch", "int8", (4,), 0, 8, 4),
+               Entry("c", "numpy", "<i2", (0,), 0, 12, 0), Entry("d", "torch", "float32", (1,), 2, 0, 4),
+               Entry("e", "torch", "uint8", (5,), 2, 4, 5)]
+    assert bucket_sizes(entries) == [12, 0, 9]  # bucket 1 holds nothing
+    assert bucket_sizes([]) == []
+    state = {"x": torch.ones(3), "big": torch.ones(2**20), "y": np.ones(2, dtype=np.int8)}
+    packed, buckets = pack(state, bucket_bytes=64 * 2**20)
+    assert bucket_sizes(packed) == [b.nbytes for b, _ in buckets] == [12, 4 * 2**20, 2]
+
+
+def test_entries_name_their_kind_and_numpy_arrays_of_any_shape_round_trip() -> None:
+    state = {"t": torch.ones(2, 3), "grid": np.arange(12, dtype=np.int16).reshape(3, 4).T,
+             "cube": np.arange(8, dtype=np.float32).reshape(2, 2, 2)}
+    entries, buckets = pack(state, bucket_bytes=1024)
+    assert [(e.kind, e.dtype, e.shape) for e in entries] == [
+        ("torch", "float32", (2, 3)), ("numpy", "<i2", (4, 3)), ("numpy", "<f4", (2, 2, 2))]
+    out = unpack(entries, [b for b, _ in buckets])
+    for name in ("grid", "cube"):
+        assert out[name].shape == state[name].shape
+        assert (out[name] == state[name]).all()
+    big = {"grid": np.arange(2**20, dtype=np.int32).reshape(2**10, 2**10)}  # 4 MiB: its own bucket, no packing
+    entries, buckets = pack(big, bucket_bytes=64 * 2**20)
+    out = unpack(entries, [b for b, _ in buckets])
+    assert out["grid"].shape == (2**10, 2**10)
+    assert (out["grid"] == big["grid"]).all()
+
+
+def test_a_state_dict_of_empty_tensors_round_trips() -> None:
+    state = {"e": torch.zeros(0), "f": torch.zeros(3, 0, dtype=torch.int16), "g": torch.zeros(0, dtype=torch.bool)}
+    entries, buckets = pack(state, bucket_bytes=64)
+    pairs = list(buckets)
+    assert [b.nbytes for b, _ in pairs] == [0]
+    check([b for b, _ in pairs], [d for _, d in pairs], "v")
+    out = unpack(entries, [b for b, _ in pairs])
+    for name, value in state.items():
+        assert (out[name].dtype, out[name].shape) == (value.dtype, value.shape)
+
+
+def test_tensors_are_rebuilt_from_read_only_buckets() -> None:  # as an object store hands them out
+    state = {"a": torch.arange(6, dtype=torch.float32), "b": torch.ones(2, dtype=torch.int64)}
+    entries, buckets = pack(state, bucket_bytes=64)
+    frozen = []
+    for bucket, _ in buckets:
+        copy = bucket.copy()
+        copy.flags.writeable = False
+        frozen.append(copy)
+    out = unpack(entries, frozen)
+    assert torch.equal(out["a"], state["a"])
+    assert torch.equal(out["b"], state["b"])
+
+
+class Detachable:
+    """Not a tensor, though it has a ``detach``."""
+
+    def detach(self) -> Detachable:
+        return self
+
+    def __repr__(self) -> str:
+        return "Detachable()"
+
+
+@pytest.mark.parametrize(("state", "message"), [
+    ({"x": Detachable()}, "state dict entry 'x' is Detachable(); a weight sync carries torch tensors and numpy "
+                          "arrays"),
+    ([1, 2], "publish takes a mapping of names to tensors, got [1, 2]"),
+])
+def test_what_a_sync_cannot_carry_is_named_in_full(state: object, message: str) -> None:
+    with pytest.raises(hwplace.WeightSyncError, match=f"^{re.escape(message)}$"):
+        pack(state, 64)  # type: ignore[arg-type]
+
+
+def test_a_mismatch_is_named_in_full_and_a_malformed_digest_is_a_mismatch() -> None:
+    bucket = np.arange(10, dtype=np.uint8)
+    message = ("v3: bucket 0 of 1 does not match its digest (corrupted or partial); the previous version stays "
+               "the latest")
+    good = digest(bucket, "crc32")
+    for wrong in (digest(bucket[:-1], "crc32"), good + ":00", "crc32:" + good):
+        with pytest.raises(hwplace.WeightSyncError, match=f"^{re.escape(message)}$"):
+            check([bucket], [wrong], "v3")
+
+
+def test_without_xxhash_an_xxh128_digest_is_refused_and_the_others_still_work(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(buckets_module, "HAVE_XXHASH", False)
+    bucket = np.arange(10, dtype=np.uint8)
+    with pytest.raises(hwplace.WeightSyncError, match=re.escape(
+            "an xxh128 digest needs the xxhash package: pip install xxhash (the ray and torch extras bring it)")):
+        digest(bucket, "xxh128")
+    assert digest(bucket, "crc32").startswith("crc32:")

@@ -7,8 +7,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import re
 import struct
 from collections.abc import Iterator
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -289,3 +291,105 @@ def test_slots_are_read_in_another_process_torn_reads_included(other_process: Co
     assert os.path.exists(path)  # the other process still maps the slot's first allocation
     assert ask(other_process, grown) == expected({**state(4.0), "more": torch.ones(4096)})
     assert not os.path.exists(path)  # it moved on, and nobody holds the first allocation any more
+
+
+@pytest.mark.parametrize("offset", range(8))
+def test_the_digest_reads_a_view_at_any_offset(offset: int) -> None:
+    data = bytes(range(7, 250))
+    view = as_tensor(b"\1" * offset + data)[offset:]
+    assert view.storage_offset() == offset
+    assert device_digest(view) == reference_digest(data)
+
+
+def test_empty_tensors_keep_their_dtype_and_shape() -> None:
+    tensors = {"a": torch.ones(3), "e16": torch.zeros(0, 3, dtype=torch.int16),
+               "eb": torch.zeros(0, dtype=torch.bool), "ez": torch.zeros(2, 0, dtype=torch.complex64)}
+    writer = SlotWriter()
+    assert_same(SlotReader().read(writer.write(1, tensors)), tensors)
+
+
+def test_each_process_keeps_the_devices_it_sees_and_cpu_slots_need_none_of_them() -> None:
+    writer, reader = SlotWriter(visible=[3, 1]), SlotReader(visible=[2, 5])
+    assert (writer.visible, reader.visible) == ((3, 1), (2, 5))
+    assert (SlotWriter().visible, SlotReader().visible) == (None, None)
+    tensors = {"a": torch.arange(5.0)}
+    assert_same(reader.read(writer.write(1, tensors)), tensors)  # a CPU slot is no GPU's: no device to map
+
+
+def test_one_reader_tells_two_writers_slots_apart() -> None:
+    first, second, reader = SlotWriter(), SlotWriter(), SlotReader()
+    assert first.writer != second.writer
+    a = first.write(1, {"a": torch.full((8,), 1.0)})
+    b = second.write(1, {"a": torch.full((8,), 2.0)})  # slot 0, generation 1 too, of another writer
+    assert (a.writer, b.writer) == (first.writer, second.writer)
+    assert (a.slot, a.generation) == (b.slot, b.generation)
+    assert torch.equal(reader.read(a)["a"], torch.full((8,), 1.0))
+    assert torch.equal(reader.read(b)["a"], torch.full((8,), 2.0))
+
+
+def test_a_descriptor_naming_more_bytes_than_its_slot_is_a_torn_read() -> None:
+    writer = SlotWriter()
+    descriptor = writer.write(1, {"a": torch.ones(4)})  # 16 bytes in a slot of ALIGN bytes
+    with pytest.raises(TornRead, match=re.escape(
+            f"weight sync version 1: slot 0 holds {ALIGN} bytes, fewer than the 5000 its descriptor names "
+            "(corrupted)")) as info:
+        SlotReader().read(replace(descriptor, nbytes=5000))
+    assert (info.value.version, info.value.reason) == (1, f"slot 0 holds {ALIGN} bytes, fewer than the 5000 its "
+                                                          "descriptor names (corrupted)")
+
+
+def test_a_torn_read_names_both_digests_and_what_to_do() -> None:
+    writer = SlotWriter()
+    d1 = writer.write(1, {"a": torch.ones(64)})
+    writer.write(2, {"a": torch.ones(64)})
+    writer.write(3, {"a": torch.full((64,), 3.0)})
+    with pytest.raises(TornRead, match=(
+            rf"^weight sync version 1: slot 0 was overwritten or corrupted while it was read \(digest "
+            rf"wsum:[0-9a-f]{{16}}:[0-9a-f]{{16}}:256, expected {re.escape(d1.digest)}\); read a newer version$")):
+        SlotReader().read(d1)
+
+
+def test_a_slot_of_an_unknown_kind_is_named() -> None:
+    writer = SlotWriter()
+    descriptor = writer.write(7, {"a": torch.ones(4)})
+    with pytest.raises(hwplace.WeightSyncError,
+                       match=r"^weight sync version 7: slot kind 'tpu' is unknown here \(cuda, cpu\)$"):
+        SlotReader().read(replace(descriptor, kind="tpu"))
+
+
+def test_a_slot_whose_allocation_failed_is_allocated_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    failures = [RuntimeError("no room in /dev/shm")]
+
+    def flaky_share(storage: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return CPU.share(storage)
+
+    monkeypatch.setitem(device_share.KINDS, "cpu", ShareKind("cpu", flaky_share, CPU.open))
+    writer = SlotWriter()
+    with pytest.raises(RuntimeError, match="no room in /dev/shm"):
+        writer.write(1, {"a": torch.ones(4)})
+    descriptor = writer.write(2, {"a": torch.full((4,), 2.0)})
+    assert (descriptor.slot, descriptor.generation) == (0, 1)
+    assert torch.equal(SlotReader().read(descriptor)["a"], torch.full((4,), 2.0))
+
+
+def test_a_reader_lets_go_of_a_slots_old_allocation_even_when_the_new_one_is_gone() -> None:
+    writer, reader = SlotWriter(), SlotReader()
+    writer.write(1, {"a": torch.ones(10)})
+    d2 = writer.write(2, {"a": torch.ones(10)})
+    reader.read(d2)
+    path = "/dev/shm" + d2.handle[1].decode()
+    writer.write(3, {"a": torch.ones(10)})
+    grown = writer.write(4, {"a": torch.ones(10), "b": torch.ones(1000)})  # slot 1's second allocation
+    assert os.path.exists(path)  # the reader still maps the first
+    del writer  # and the second is gone before the reader gets to it
+    with pytest.raises(TornRead, match="version 4: slot 1 generation 3 cannot be opened"):
+        reader.read(grown)
+    assert not os.path.exists(path)
+
+
+def test_a_slot_that_is_no_mapping_is_named_in_full() -> None:
+    with pytest.raises(hwplace.WeightSyncError,
+                       match=r"^a slot holds a non-empty mapping of names to torch tensors, got \[1, 2\]$"):
+        SlotWriter().write(1, [1, 2])  # type: ignore[arg-type]

@@ -3,8 +3,14 @@ reference, recycled only when no reader holds them (file locks, released by a re
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import mmap
 import multiprocessing
 import os
+import re
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -12,7 +18,15 @@ import pytest
 
 import hwplace
 from hwplace.runtime.buckets import digest
-from hwplace.runtime.segments import ALIGN, HEADER, SegmentPool, SegmentReader, SegmentRef, offsets_of
+from hwplace.runtime.segments import (
+    ALIGN,
+    HEADER,
+    KEPT_MAPPINGS,
+    SegmentPool,
+    SegmentReader,
+    SegmentRef,
+    offsets_of,
+)
 
 np = pytest.importorskip("numpy")
 
@@ -125,3 +139,189 @@ def test_a_reader_in_another_process_holds_the_segment_until_it_exits(pool: Segm
     finally:
         if child.is_alive():
             child.kill()
+
+
+def segment_fds() -> set[int]:
+    """This process's open descriptors of weight-sync segments."""
+    fds = set()
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if "hwplace-wsync" in os.readlink(f"/proc/self/fd/{name}"):
+                fds.add(int(name))
+    return fds
+
+
+def failing(version: int, sizes: tuple[int, ...], after: int) -> Iterator[tuple[Any, str]]:
+    """A version's buckets that stop with an error after ``after`` of them."""
+    yield from buckets(version, sizes)[:after]
+    raise RuntimeError("the source stopped mid-write")
+
+
+def test_a_write_that_fails_midway_leaves_no_version_to_read(pool: SegmentPool) -> None:
+    sizes = (1000, 3, 70_000)
+    first = write(pool, 1)
+    with pytest.raises(RuntimeError, match="the source stopped mid-write"):
+        pool.write(2, sizes, failing(2, sizes, after=1))
+    assert pool.count == 1  # version 1's segment was free: the failed write went into it
+    assert SegmentReader().take(first) is None  # partly overwritten: it holds no version any more
+    third = write(pool, 3)  # the failed write let go of its lock
+    assert pool.count == 1
+    got = SegmentReader().take(third)
+    assert got is not None
+    assert [b.tobytes() for b in got] == [b.tobytes() for b, _ in buckets(3)]
+
+
+def test_a_segment_left_without_a_version_is_the_first_one_taken_again(pool: SegmentPool) -> None:
+    sizes = (1000, 3, 70_000)
+    reader = SegmentReader()
+    first = write(pool, 1)
+    held = reader.take(first)
+    with pytest.raises(RuntimeError, match="the source stopped mid-write"):
+        pool.write(2, sizes, failing(2, sizes, after=2))  # version 1 is held: into a second segment
+    assert pool.count == 2
+    del held
+    third = write(pool, 3)  # both are free: the one without a version goes first
+    assert pool.count == 2
+    assert third.inode != first.inode
+    assert reader.take(first) is not None  # version 1 is still there
+
+
+def test_buckets_and_lengths_that_disagree_are_refused(pool: SegmentPool) -> None:
+    with pytest.raises(ValueError, match=r"zip\(\) argument 2 is longer than argument 1"):
+        pool.write(1, (10, 20), buckets(1, (10,)))
+    ref = write(pool, 2)  # the pool is none the worse for it
+    got = SegmentReader().take(ref)
+    assert got is not None
+    assert [b.tobytes() for b in got] == [b.tobytes() for b, _ in buckets(2)]
+
+
+def test_a_bucket_of_any_shape_is_written_as_its_bytes(pool: SegmentPool) -> None:
+    grid = np.arange(600, dtype=np.uint16).astype(np.uint8).reshape(3, 200)
+    ref, digests = pool.write(1, (600,), [(grid, "d")])
+    assert digests == ["d"]
+    got = SegmentReader().take(ref)
+    assert got is not None
+    assert got[0].tobytes() == grid.tobytes()
+
+
+def test_the_source_sees_each_version_in_its_own_segment(pool: SegmentPool) -> None:
+    first = write(pool, 1)
+    held = SegmentReader().take(first)
+    second = write(pool, 2, (5, 64))  # version 1 is held: another segment
+    assert pool.count == 2
+    for ref, version, sizes in ((first, 1, (1000, 3, 70_000)), (second, 2, (5, 64))):
+        views = pool.views(ref)
+        assert [v.dtype for v in views] == [np.uint8] * len(sizes)
+        assert [v.tobytes() for v in views] == [b.tobytes() for b, _ in buckets(version, sizes)]
+    assert held is not None
+
+
+def test_closing_the_pool_while_views_of_it_are_alive_is_quiet(pool: SegmentPool) -> None:
+    views = pool.views(write(pool, 1))
+    pool.close()  # its mapping cannot close under the views; its descriptor does
+    assert pool.count == 0
+    assert [v.tobytes() for v in views] == [b.tobytes() for b, _ in buckets(1)]
+
+
+def test_a_segment_that_cannot_be_made_is_a_weight_sync_error_and_leaves_nothing_open(
+        pool: SegmentPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_space(fd: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    before = segment_fds()
+    monkeypatch.setattr(os, "ftruncate", no_space)
+    with pytest.raises(hwplace.WeightSyncError, match=re.escape(
+            "cannot make a 1,088-byte shared-memory segment for a weight sync ([Errno 28] No space left on "
+            "device); the source's node needs that much free memory")):
+        pool.write(1, (1000,), buckets(1, (1000,)))
+    assert pool.count == 0
+    assert segment_fds() == before
+
+
+def test_descriptors_are_not_inherited_by_programs_the_processes_start(pool: SegmentPool) -> None:
+    ref = write(pool, 1)
+    assert (ref.pid, ref.path) == (os.getpid(), "")  # a memfd, opened through /proc
+    assert not os.get_inheritable(ref.fd)
+    before = segment_fds()
+    reader = SegmentReader()
+    got = reader.take(ref)
+    assert got is not None
+    opened = segment_fds() - before
+    assert len(opened) == 2  # the one holding the lock while the version is in use, and the mapping's own
+    assert not any(os.get_inheritable(fd) for fd in opened)
+    del got
+    assert len(segment_fds() - before) == 1  # the mapping, kept for the segment's next version
+
+
+def test_a_segment_being_written_or_replaced_is_skipped_and_leaves_nothing_open(pool: SegmentPool) -> None:
+    ref = write(pool, 1)
+    reader = SegmentReader()
+    before = segment_fds()
+    fcntl.flock(ref.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the source does while it writes a newer version
+    try:
+        assert reader.take(ref) is None
+    finally:
+        fcntl.flock(ref.fd, fcntl.LOCK_UN)
+    assert reader.take(replace(ref, inode=ref.inode + 1)) is None  # another file behind the descriptor now
+    assert segment_fds() == before
+    got = reader.take(ref)
+    assert got is not None
+    assert [b.tobytes() for b in got] == [b.tobytes() for b, _ in buckets(1)]
+
+
+def test_a_mapping_that_fails_leaves_no_descriptor_and_no_lock(pool: SegmentPool,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = write(pool, 1)
+    reader = SegmentReader()
+    before = segment_fds()
+
+    def replaced(ref: SegmentRef, path: str) -> Any:  # the file changed between two opens of its path
+        raise FileNotFoundError(path)
+
+    def denied(ref: SegmentRef, path: str) -> Any:
+        raise PermissionError(errno.EACCES, "Permission denied", path)
+
+    monkeypatch.setattr(reader, "_mapping", replaced)
+    assert reader.take(ref) is None
+    assert segment_fds() == before
+    monkeypatch.setattr(reader, "_mapping", denied)
+    with pytest.raises(PermissionError, match="Permission denied"):
+        reader.take(ref)
+    assert segment_fds() == before
+    write(pool, 2)
+    assert pool.count == 1  # no lock was left behind on version 1's segment
+
+
+def test_an_unreadable_segment_names_the_source_process_and_what_it_needs(pool: SegmentPool) -> None:
+    ref = replace(write(pool, 1), path="/etc/hostname/x")
+    with pytest.raises(hwplace.WeightSyncError, match=(
+            rf"^cannot open the source's shared-memory segment /etc/hostname/x \(.*\); the source \(process "
+            rf"{ref.pid}\) and this target must run as the same user on one node, with /proc readable$")):
+        SegmentReader().take(ref)
+
+
+def test_a_segment_is_mapped_once_for_every_version_it_holds(pool: SegmentPool) -> None:
+    reader = SegmentReader()
+    got = reader.take(write(pool, 1))
+    assert got is not None
+    (mapping,) = reader._maps.values()
+    assert isinstance(mapping, mmap.mmap)
+    del got
+    again = reader.take(write(pool, 2))  # the same segment, now holding version 2
+    assert pool.count == 1
+    assert again is not None
+    assert [b.tobytes() for b in again] == [b.tobytes() for b, _ in buckets(2)]
+    (kept,) = reader._maps.values()
+    assert kept is mapping
+
+
+def test_a_reader_keeps_a_few_mappings_and_views_in_use_keep_theirs(pool: SegmentPool) -> None:
+    reader = SegmentReader()
+    held = []
+    for version in range(1, KEPT_MAPPINGS + 3):  # each held: a segment each
+        got = reader.take(write(pool, version, (10,)))
+        assert got is not None
+        held.append(got)
+    assert pool.count == KEPT_MAPPINGS + 2
+    assert len(reader._maps) == KEPT_MAPPINGS
+    assert [g[0].tobytes() for g in held] == [buckets(v, (10,))[0][0].tobytes() for v in range(1, KEPT_MAPPINGS + 3)]
