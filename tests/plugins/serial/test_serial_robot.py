@@ -60,13 +60,19 @@ class PtyPair:
     replies: dict[bytes, bytes] = field(default_factory=lambda: {b"PING\n": b"PONG v1\n", b"WHO\n": b"ERR what?\n"})
     heard: list[bytes] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
+    listening: threading.Event = field(default_factory=threading.Event)
 
     def respond(self) -> None:
-        """Play the robot: answer each line found in ``replies``; stop when told or when the pty goes away."""
+        """Play the robot: answer each line found in ``replies``; stop when told or when the pty goes away.
+
+        ``listening`` is set once the far end is open: pyserial empties a port's input when it opens it, so a
+        line sent before then would be lost."""
         try:
             far = serial.Serial(self.far, 115200, timeout=0.02)
         except serial.SerialException:
             return
+        finally:
+            self.listening.set()
         buffer = b""
         with far:
             while not self.stop.is_set():
@@ -103,6 +109,8 @@ def pty(tmp_path: Path) -> Iterator[PtyPair]:
         pair = PtyPair(str(robot), str(far), process)
         responder = threading.Thread(target=pair.respond, daemon=True)
         responder.start()
+        if not pair.listening.wait(30):
+            pytest.fail(f"the responder did not open {far} within 30 s")
         yield pair
         pair.stop.set()
         responder.join(5)
