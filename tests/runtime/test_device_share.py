@@ -4,7 +4,6 @@ device indices, and no shared memory left behind."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 import re
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from slot_reading import ask, raw, reading_process
 
 import hwplace
 from hwplace.runtime import device_share
@@ -24,7 +24,6 @@ from hwplace.runtime.device_share import (
     ALIGN,
     CPU,
     ShareKind,
-    SlotDescriptor,
     SlotReader,
     SlotWriter,
     TornRead,
@@ -49,10 +48,6 @@ def reference_digest(data: bytes) -> str:
 
 def as_tensor(data: bytes) -> Any:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
-
-
-def raw(tensor: Any) -> bytes:
-    return bytes(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
 def state(scale: float = 1.0) -> dict[str, Any]:
@@ -236,42 +231,14 @@ def test_what_a_slot_cannot_hold_is_named(tensors: dict[str, Any], message: str)
         SlotWriter().write(1, tensors)
 
 
-def _serve(connection: Connection) -> None:
-    """A reader in another process: reads each descriptor it is sent, answers its tensors' bytes or the error."""
-    reader = SlotReader()
-    while (descriptor := connection.recv()) is not None:
-        try:
-            got = reader.read(descriptor)
-            connection.send({k: (str(v.dtype), tuple(v.shape), v.device.type, raw(v)) for k, v in got.items()})
-        except hwplace.WeightSyncError as exc:
-            connection.send(exc)
-
-
 def expected(tensors: dict[str, Any]) -> dict[str, Any]:
     return {k: (str(v.dtype), tuple(v.shape), v.device.type, raw(v.cpu())) for k, v in tensors.items()}
 
 
 @pytest.fixture
 def other_process() -> Iterator[Connection]:
-    """A connection to :func:`_serve` in a new interpreter (spawned: it inherits no memory of this one)."""
-    context = multiprocessing.get_context("spawn")
-    mine, theirs = context.Pipe()
-    process = context.Process(target=_serve, args=(theirs,), daemon=True)
-    process.start()
-    try:
-        yield mine
-    finally:
-        mine.send(None)
-        process.join(60)
-        if process.is_alive():
-            process.kill()
-
-
-def ask(connection: Connection, descriptor: SlotDescriptor) -> Any:
-    connection.send(descriptor)
-    if not connection.poll(60):
-        raise TimeoutError("the reading process did not answer in 60 s")
-    return connection.recv()
+    with reading_process() as connection:
+        yield connection
 
 
 @pytest.mark.time_limit(120)

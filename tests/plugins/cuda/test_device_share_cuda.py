@@ -3,25 +3,20 @@ other process on the GPU, without host memory, torn reads included; skips, sayin
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
 import pytest
+from slot_reading import ask, raw, reading_process
 
-import hwplace
-from hwplace.runtime.device_share import SlotDescriptor, SlotReader, SlotWriter, TornRead
+from hwplace.runtime.device_share import SlotWriter, TornRead
 
 torch = pytest.importorskip("torch", reason="torch is not installed: pip install 'hwplace[torch]'")
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 needs_a_gpu = pytest.mark.skipif(GPUS < 1, reason=f"needs a CUDA GPU for CUDA IPC; this machine has {GPUS} "
                                  "(torch.cuda.device_count())")
-
-
-def raw(tensor: Any) -> bytes:
-    return bytes(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
 def state(scale: float, device: str = "cuda:0") -> dict[str, Any]:
@@ -35,37 +30,10 @@ def expected(tensors: dict[str, Any]) -> dict[str, Any]:
     return {k: (str(v.dtype), tuple(v.shape), "cuda", raw(v)) for k, v in tensors.items()}
 
 
-def _serve(connection: Connection) -> None:
-    """A reader in another process: reads each descriptor it is sent, answers its tensors' bytes or the error."""
-    reader = SlotReader()
-    while (descriptor := connection.recv()) is not None:
-        try:
-            got = reader.read(descriptor)
-            connection.send({k: (str(v.dtype), tuple(v.shape), v.device.type, raw(v)) for k, v in got.items()})
-        except hwplace.WeightSyncError as exc:
-            connection.send(exc)
-
-
 @pytest.fixture
 def other_process() -> Iterator[Connection]:
-    context = multiprocessing.get_context("spawn")
-    mine, theirs = context.Pipe()
-    process = context.Process(target=_serve, args=(theirs,), daemon=True)
-    process.start()
-    try:
-        yield mine
-    finally:
-        mine.send(None)
-        process.join(60)
-        if process.is_alive():
-            process.kill()
-
-
-def ask(connection: Connection, descriptor: SlotDescriptor) -> Any:
-    connection.send(descriptor)
-    if not connection.poll(120):
-        raise TimeoutError("the reading process did not answer in 120 s")
-    return connection.recv()
+    with reading_process() as connection:
+        yield connection
 
 
 @needs_a_gpu
