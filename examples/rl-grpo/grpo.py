@@ -113,7 +113,7 @@ class Rollout(hwplace.Worker):
                     with contextlib.suppress(TimeoutError):
                         sync.latest(min_version=self.version + 1, timeout=2.0)
                 batch = [prompts.get(timeout=60)]
-                batch += [prompts.get_nowait() for _ in range(self.batch - 1) if not prompts.empty()]
+                batch += take_waiting(prompts, self.batch - 1)
                 with self.turn():  # colocated with a trainer rank: hwplace calls offload/onload around turns
                     entered = time.monotonic()
                     weights = sync.latest(min_version=max(self.version, 1), timeout=60)
@@ -275,6 +275,16 @@ class Trainer(hwplace.Worker):
     def report(self) -> dict[str, Any]:
         return {"turns": self.turns, "swaps": self.swaps, "accelerators": os.environ.get("FAKE_VISIBLE_DEVICES"),
                 "weight_bytes": self.weight_bytes}
+
+
+def take_waiting(channel: hwplace.Channel, most: int) -> list[Any]:
+    """Up to ``most`` items that are already in ``channel``, without waiting; another rank may take the last
+    one first, so an empty queue ends the batch (checking ``empty()`` first would race with it)."""
+    taken: list[Any] = []
+    with contextlib.suppress(hwplace.ChannelEmpty):
+        while len(taken) < most:
+            taken.append(channel.get_nowait())
+    return taken
 
 
 def wait_watching(handle: hwplace.Handle, producers: dict[str, hwplace.Handle]) -> list[Any]:
