@@ -142,11 +142,15 @@ class Link:
                     self._changed.wait_for(lambda: self._offered is not None and self._offered[0].version > self.sent)
                     offered = self._offered
                 if offered is not None:
-                    note, copies = offered
-                    fan_out([self], note, zip(copies, note.digests, strict=True))
+                    fan_out([self], offered[0], buckets_of(*offered))
         except BaseException as exc:
             if self.error is None:
                 self.broke(exc)
+
+
+def buckets_of(note: Announcement, copies: Sequence[Any]) -> Buckets:
+    """The buckets that follow ``note`` (``copies`` of them, with its digests), or none when none follow."""
+    return zip(copies, note.digests, strict=True) if note.follows else ()
 
 
 def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) -> None:

@@ -31,7 +31,7 @@ from hwplace.runtime.communicator import check_member, find_entry
 from hwplace.runtime.current import worker_context
 from hwplace.runtime.device_share import SlotDescriptor, SlotWriter
 from hwplace.runtime.segments import SegmentPool
-from hwplace.runtime.weight_stream import ANNOUNCED_BYTES, Announcement, Link, Receiver, fan_out
+from hwplace.runtime.weight_stream import ANNOUNCED_BYTES, Announcement, Link, Receiver, buckets_of, fan_out
 
 
 class _State:
@@ -139,13 +139,11 @@ class WeightSync:
         entries, buckets = pack(state_dict, self.bucket_bytes)
         lengths = tuple(sizes(entries))
         if not node and all(link.connected for link in other):  # no copy: straight from the tensors
-            if sum(lengths) <= INLINE_BYTES:  # small: the digests go ahead of the buckets
-                pairs = list(buckets)
-                fan_out(other, Announcement(version, tuple(entries), tuple(d for _, d in pairs), lengths,
-                                            follows=True), pairs)
-            else:
-                fan_out(other, Announcement(version, tuple(entries), lengths=lengths, follows=True,
-                                            digests_follow=True), buckets)
+            small = sum(lengths) <= INLINE_BYTES  # packed whole first, so its digests go ahead of the buckets
+            sent: Any = list(buckets) if small else buckets
+            ahead = tuple(d for _, d in sent) if small else ()
+            fan_out(other, Announcement(version, tuple(entries), ahead, lengths, follows=True,
+                                        digests_follow=not small), sent)
             return
         copies: list[Any]
         if node and sum(lengths) > ANNOUNCED_BYTES:
@@ -211,4 +209,4 @@ def _deliver(links: list[Link], note: Announcement, copies: Sequence[Any] = ()) 
             link.offer(note, kept)
     ready = [link for link in links if link not in waiting]
     if ready:
-        fan_out(ready, note, zip(copies, note.digests, strict=True))
+        fan_out(ready, note, buckets_of(note, copies))
