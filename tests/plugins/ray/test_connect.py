@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from drivers import run_driver
 
 import hwplace
 from hwplace.pytest_plugin import LocalRay
@@ -48,10 +47,10 @@ def run_fresh(code: str) -> dict[str, object]:
     """
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="hwr", dir="/tmp")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
-    assert done.returncode == 0, done.stderr
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        result: dict[str, object] = run_driver(code, timeout=120, env=env)
+    finally:
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
     return result
 
 
@@ -104,10 +103,7 @@ def test_a_cluster_whose_workers_cannot_import_hwplace_is_an_error_that_says_so(
     (tmp_path / "nodes" / "hwplace").mkdir(parents=True)
     (tmp_path / "nodes" / "hwplace" / "__init__.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'hwplace'\", name='hwplace')\n")
-    done = subprocess.run([sys.executable, "-c", NO_HWPLACE_ON_THE_NODES, str(tmp_path / "nodes")], capture_output=True,
-                          text=True, timeout=150, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    error = json.loads(done.stdout.strip().splitlines()[-1])["error"]
+    error = run_driver(NO_HWPLACE_ON_THE_NODES, str(tmp_path / "nodes"), timeout=150, cwd=tmp_path)["error"]
     assert re.match(r"cluster: the workers of Ray node \w+ \([\d.]+\) cannot import hwplace \(ModuleNotFoundError: "
                     r"No module named 'hwplace'\): .*; install hwplace .* in the Python environment each node's "
                     r"'ray start' runs in", error), error

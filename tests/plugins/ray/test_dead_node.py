@@ -6,11 +6,8 @@ killed with SIGKILL, as the OOM killer would.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
+from drivers import run_driver
 
 pytest.importorskip("ray")
 
@@ -78,9 +75,7 @@ print(json.dumps(found))
 
 @pytest.mark.time_limit(280)
 def test_a_dead_raylet_is_a_hwplace_error_everywhere_and_leaves_no_process() -> None:
-    done = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, timeout=250)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = run_driver(DRIVER, timeout=250)
     assert found["blocked get"].startswith("ChannelLost: channel 'doomed'"), found
     assert found["put"].startswith("ChannelLost: channel 'doomed'"), found
     assert found["connect"].startswith("ChannelLost: channel 'doomed'"), found  # an error naming it

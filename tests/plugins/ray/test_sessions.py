@@ -5,11 +5,8 @@ The driver is a subprocess with a throwaway cluster of its own (the test's sessi
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
+from drivers import run_driver
 
 pytest.importorskip("ray")
 
@@ -51,9 +48,7 @@ print(json.dumps(found))
 
 @pytest.mark.time_limit(240)
 def test_a_group_whose_ray_session_ended_says_so_and_its_name_ends_with_it() -> None:
-    done = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True, timeout=200)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = run_driver(DRIVER, timeout=200)
     for what, method in (("wait", "nap"), ("call", "nap")):
         assert found[what].startswith(f"WorkerError: group 'napper': {method}(): "), found[what]
         assert "the Ray session the group ran in has ended" in found[what]

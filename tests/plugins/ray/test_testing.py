@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
+from drivers import run_driver
 
 import hwplace
 from hwplace.pytest_plugin import LocalRay
@@ -97,7 +97,5 @@ print(json.dumps(found))
 @pytest.mark.time_limit(150)
 def test_a_start_interrupted_while_a_worker_node_starts_leaves_no_ray_process() -> None:
     # SIGINT reaches the driver once node 1's raylet runs, before the node is up: Ray does not track it yet.
-    done = subprocess.run([sys.executable, "-c", INTERRUPTED_START], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = run_driver(INTERRUPTED_START, timeout=120)
     assert found == {"interrupted": True, "left": []}
