@@ -211,12 +211,16 @@ class RayExecutor(hwplace.Executor):
         self._arbiters.clear()
         self._registry = None
 
+    def _refuse_running(self, name: str) -> None:
+        """Under the lock: a ``ConfigError`` when a group of this session named ``name`` is running."""
+        self._forget_ended_sessions()
+        if name in self._groups:
+            raise ConfigError("name", f"a worker group named {name!r} is running",
+                              allowed="shut it down first (group.shutdown()) or choose another name")
+
     def register_group(self, record: GroupRecord) -> None:
         with self._lock:
-            self._forget_ended_sessions()
-            if record.group in self._groups:
-                raise ConfigError("name", f"a worker group named {record.group!r} is running",
-                                  allowed="shut it down first (group.shutdown()) or choose another name")
+            self._refuse_running(record.group)
         conflicts = self._ask(self.registry().register_group.remote(self._job(record.job_name), record))
         if conflicts:
             more = f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else ""
@@ -251,10 +255,7 @@ class RayExecutor(hwplace.Executor):
         from hwplace_plugins.ray.runtime import RayGroupRuntime  # noqa: PLC0415 (imports Ray: loaded on first use)
 
         with self._lock:
-            self._forget_ended_sessions()
-            if request.name in self._groups:
-                raise ConfigError("name", f"a worker group named {request.name!r} is running",
-                                  allowed="shut it down first (group.shutdown()) or choose another name")
+            self._refuse_running(request.name)
             runtime = RayGroupRuntime(request, self.remote("host"), release=self._release)
             self._groups[request.name] = runtime
         directory = json.dumps([spec.node.node_id for spec in request.workers]).encode()
