@@ -82,6 +82,17 @@ def layout(sizes: Sequence[int], bucket_bytes: int,
     return places, buckets
 
 
+def aligned(sizes: Sequence[int], align: int) -> tuple[list[int], int]:
+    """Each size's offset when laid back to back, each starting at a multiple of ``align``, and the end of the
+    last one (not rounded up)."""
+    offsets, end = [], 0
+    for size in sizes:
+        start = -(-end // align) * align
+        offsets.append(start)
+        end = start + size
+    return offsets, end
+
+
 def sizes(entries: Sequence[Entry]) -> list[int]:
     """Each bucket's size in bytes, from the entries that lie in it."""
     out: list[int] = []

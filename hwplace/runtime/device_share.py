@@ -16,7 +16,7 @@ its digest rejects. A reader drops a slot's old mapping when it sees the slot's 
 
 CPU tensors share through torch's file-system shared memory (``/dev/shm``, counted by torch's ``torch_shm_manager``,
 which unlinks a file once no process holds it), so the whole flow runs for real without a GPU. Imports the
-foundation and the communicator's torch loader.
+foundation, the buckets' ``aligned`` layout and the communicator's torch loader.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 
 from hwplace.foundation.errors import WeightSyncError
 from hwplace.foundation.wording import safe_repr
+from hwplace.runtime.buckets import aligned
 from hwplace.runtime.communicator import torch_module
 
 ALIGN = 256  # each tensor starts at a multiple of this many bytes in a slot
@@ -120,12 +121,7 @@ class SlotDescriptor:
 
 def slot_layout(sizes: Sequence[int], align: int = ALIGN) -> tuple[list[int], int]:
     """Each size's offset (back to back, each a multiple of ``align``) and the bytes used in all."""
-    offsets, end = [], 0
-    for size in sizes:
-        start = -(-end // align) * align
-        offsets.append(start)
-        end = start + size
-    return offsets, end
+    return aligned(sizes, align)
 
 
 def physical_device(index: int, visible: Sequence[int] | None) -> int:

@@ -11,7 +11,7 @@ under an exclusive lock, which it can take only when no target holds the segment
 another or makes a new one. A segment carries the version it holds, written last: a target that locks a
 segment the source has since rewritten sees another version and skips it (a newer one is on its way). A
 process that dies lets go of its locks, and a segment is freed when its source and every mapping are gone:
-nothing is left behind. Imports the foundation; numpy on first use.
+nothing is left behind. Imports the foundation and :mod:`hwplace.runtime.buckets`; numpy on first use.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwplace.foundation.errors import WeightSyncError
+from hwplace.runtime.buckets import aligned
 
 HEADER = 64  # bytes before the first bucket: a magic number, then the version the segment holds
 ALIGN = 64  # each bucket starts at a multiple of this
@@ -53,11 +54,8 @@ class SegmentRef:
 
 def offsets_of(lengths: Sequence[int]) -> tuple[tuple[int, ...], int]:
     """Each bucket's offset in a segment (after the header, aligned) and the bytes the segment needs."""
-    offsets, end = [], HEADER
-    for length in lengths:
-        offsets.append(end)
-        end += -(-length // ALIGN) * ALIGN
-    return tuple(offsets), end
+    offsets, end = aligned(lengths, ALIGN)
+    return tuple(HEADER + offset for offset in offsets), HEADER + -(-end // ALIGN) * ALIGN
 
 
 class _Segment:
