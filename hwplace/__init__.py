@@ -45,7 +45,8 @@ from hwplace.planning.strategies import (
     PackedPlacementStrategy,
     PlacementStrategy,
 )
-from hwplace.plugin.manager import PluginManager, get_plugin_manager
+from hwplace.plugin.manager import PluginManager
+from hwplace.plugin.session import get_plugin_manager
 from hwplace.runtime.buckets import Weights
 from hwplace.runtime.group import WorkerGroup
 from hwplace.runtime.weights import WeightSync

@@ -1,23 +1,38 @@
 """Everything an executor plugin's author needs, in one public module (the façade over the layers).
 
-Subclass :class:`Executor` (and :class:`GroupRuntime`, :class:`Handle`, :class:`ObjectStore`); on each node
-run :func:`detect_here`; in each worker process host the worker with :func:`start_worker` and
-:func:`run_method` / :func:`run_method_async`; serve a channel with :class:`ChannelServer`. The contract
-itself is :mod:`hwplace.contracts.executor`. No module of hwplace imports this one.
+Subclass :class:`Executor` (and :class:`GroupRuntime`, :class:`Handle`) for the core every executor has, and
+the capabilities it offers besides (:class:`ChannelHosting` with an :class:`ObjectStore`, :class:`Rendezvous`,
+:class:`Leases`, :class:`TurnArbitration`, :class:`LocalClusters`); on each node run :func:`detect_here`; in each
+worker process host the worker with :func:`start_worker` and :func:`run_method` / :func:`run_method_async`;
+serve a channel with :class:`ChannelServer` and turns with :class:`TurnServer`. The process's state is its
+:class:`Session` (:func:`session`; tests swap it with :func:`swapped_session`). The contracts themselves are
+:mod:`hwplace.contracts.executor` and :mod:`hwplace.contracts.capabilities`. No module of hwplace imports this
+one.
 """
 
 from __future__ import annotations
 
 from hwplace.channels.server import ChannelServer
-from hwplace.contracts.executor import (
+from hwplace.contracts.capabilities import (
+    Capability,
     ChannelAddress,
+    ChannelHosting,
+    Leases,
+    LocalClusters,
+    ObjectStore,
+    Rendezvous,
+    TurnAddress,
+    TurnArbitration,
+    capabilities_of,
+    require,
+)
+from hwplace.contracts.executor import (
+    CORE_METHODS,
     Executor,
     GroupEntry,
     GroupRequest,
     GroupRuntime,
     Handle,
-    ObjectStore,
-    TurnAddress,
     WorkerSpec,
     check_executor,
 )
@@ -25,13 +40,16 @@ from hwplace.contracts.records import WorkerContext
 from hwplace.contracts.registry import DeviceLease, GroupRecord, LeaseConflict, WorkerRecord
 from hwplace.inventory.detection import detect_here
 from hwplace.planning.sharing import Share, shared_accelerators
-from hwplace.plugin.current import current_executor, set_current_executor
 from hwplace.plugin.detection import detect_timeout
+from hwplace.plugin.session import Session, current_executor, session, swapped_session
 from hwplace.runtime.hosting import RemoteFailure, run_method, run_method_async, start_worker
 from hwplace.runtime.turns import TurnServer
 
 __all__ = [
+    "CORE_METHODS",
+    "Capability",
     "ChannelAddress",
+    "ChannelHosting",
     "ChannelServer",
     "DeviceLease",
     "Executor",
@@ -41,21 +59,29 @@ __all__ = [
     "GroupRuntime",
     "Handle",
     "LeaseConflict",
+    "Leases",
+    "LocalClusters",
     "ObjectStore",
     "RemoteFailure",
+    "Rendezvous",
+    "Session",
     "Share",
     "TurnAddress",
+    "TurnArbitration",
     "TurnServer",
     "WorkerContext",
     "WorkerRecord",
     "WorkerSpec",
+    "capabilities_of",
     "check_executor",
     "current_executor",
     "detect_here",
     "detect_timeout",
+    "require",
     "run_method",
     "run_method_async",
-    "set_current_executor",
+    "session",
     "shared_accelerators",
     "start_worker",
+    "swapped_session",
 ]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from hwplace.plugin import manager as plugin_manager
+from hwplace.testing import Session, swapped_session
 
 FakeDistribution = Callable[..., Path]
 
@@ -89,15 +90,17 @@ def _time_limit(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.fixture
-def fresh_manager(monkeypatch: pytest.MonkeyPatch) -> Callable[[], plugin_manager.PluginManager]:
-    """Returns a function that builds a new process-wide plugin manager from the current environment."""
+def fresh_manager() -> Iterator[Callable[[], plugin_manager.PluginManager]]:
+    """Returns a function that builds a new process-wide plugin manager from the current environment, in a session
+    of its own (``hwplace.testing.swapped_session``) until the test ends."""
+    with contextlib.ExitStack() as sessions:
 
-    def make() -> plugin_manager.PluginManager:
-        manager = plugin_manager.PluginManager()
-        monkeypatch.setattr(plugin_manager, "_manager", manager)
-        return manager
+        def make() -> plugin_manager.PluginManager:
+            manager = plugin_manager.PluginManager()
+            sessions.enter_context(swapped_session(Session(plugin_manager=manager)))
+            return manager
 
-    return make
+        yield make
 
 
 @pytest.fixture

@@ -711,7 +711,7 @@ def test_the_api_reference_has_an_entry_for_every_public_name() -> None:
 
 
 def test_every_api_reference_entry_names_something_real() -> None:
-    from hwplace import pytest_plugin
+    from hwplace_plugins.ray import pytest_plugin
 
     for heading in api_headings():
         module, _, attribute = heading.rpartition(".")

@@ -16,16 +16,18 @@ from hwplace.application.report import plan_json, print_plan, print_sync_plans, 
 from hwplace.application.status import print_status
 from hwplace.config.loading import apply_overrides, load_config
 from hwplace.config.section import cluster_section, parse_cluster_config
+from hwplace.contracts.capabilities import Leases, require
 from hwplace.contracts.hardware import Device
 from hwplace.foundation.errors import ConfigError, HwplaceError, PlacementError, PluginError
-from hwplace.foundation.settings import NODE_RANK, read_node_rank
+from hwplace.foundation.settings import FAKE_ACCELERATOR, NODE_RANK, read_node_rank
 from hwplace.foundation.version import __version__
 from hwplace.foundation.wording import ranks_text, safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.inventory.detection import detect_node_hardware
-from hwplace.inventory.offline import FAKE_ACCELERATOR, fake_cluster, parse_nodes
+from hwplace.inventory.offline import fake_cluster, parse_nodes
 from hwplace.planning.component import ComponentPlacement
-from hwplace.plugin.manager import PluginManager, get_plugin_manager
+from hwplace.plugin.manager import PluginManager
+from hwplace.plugin.session import get_plugin_manager
 
 EXIT_ERROR = 2
 EXIT_FAILED = 1  # the job ran and failed: a worker raised or died
@@ -214,7 +216,7 @@ def _status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except PluginError as exc:
         raise ConfigError("--executor", str(exc), allowed=", ".join(manager.executors()) or "none installed") from None
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # a running cluster, never a new one
-    state = executor.cluster_status(address)
+    state = require(executor, Leases, "hwplace status").cluster_status(address)
     if args.json:
         json.dump(state, out, indent=2, default=safe_repr)
         out.write("\n")

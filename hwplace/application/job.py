@@ -23,10 +23,10 @@ from hwplace.config.section import cluster_section, parse_cluster_config
 from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.wording import did_you_mean, plural, safe_repr
 from hwplace.inventory.cluster import Cluster
+from hwplace.inventory.local import local_cluster
 from hwplace.inventory.offline import fake_cluster
 from hwplace.planning.component import ComponentPlacement
 from hwplace.runtime.group import WorkerGroup
-from hwplace.runtime.local_cluster import local_ray_cluster
 from hwplace.runtime.worker import Worker
 
 ENTRYPOINT_FORMS = ("'file.py:function' (a path relative to the config's folder) or 'package.module:function' "
@@ -154,12 +154,13 @@ def _inside(path: str | None, folder: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _simulated(counts: list[int] | None) -> Iterator[None]:
-    """A throwaway local Ray cluster with ``counts`` fake accelerators on its nodes, for the block; or nothing."""
+def _simulated(counts: list[int] | None, executor: str) -> Iterator[None]:
+    """A throwaway local cluster of ``executor`` with ``counts`` fake accelerators on its nodes, for the block; or
+    nothing."""
     if counts is None:
         yield
         return
-    with local_ray_cluster(len(counts), counts):
+    with local_cluster(len(counts), counts, executor=executor):
         yield
 
 
@@ -199,7 +200,7 @@ def run_job(
         sync_plans(loaded, ComponentPlacement(cluster_config, simulated))  # weight_sync: checked too
         cluster_config = replace(cluster_config, address=None)  # the simulated cluster is the local one
     job_name = Path(os.fsdecode(config)).stem if isinstance(config, str | os.PathLike) else None
-    with _simulated(counts):
+    with _simulated(counts, cluster_config.executor):
         cluster = Cluster(cluster_cfg=cluster_config, job_name=job_name)
         print_cluster(cluster, out or sys.stdout)
         placement = ComponentPlacement(cluster_config, cluster)

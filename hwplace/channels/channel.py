@@ -19,7 +19,7 @@ from hwplace.channels import wire
 from hwplace.channels.arguments import check_name, queue_bytes, timeout_of, version_of, weight_of
 from hwplace.channels.handle import ChannelHandle, withdraw
 from hwplace.channels.queues import QueueStats, Status
-from hwplace.contracts.executor import ChannelAddress, ObjectStore
+from hwplace.contracts.capabilities import ChannelAddress, ChannelHosting, ObjectStore, require
 from hwplace.foundation.errors import (
     ChannelClosed,
     ChannelEmpty,
@@ -28,7 +28,9 @@ from hwplace.foundation.errors import (
     ConfigError,
     HwplaceError,
 )
-from hwplace.plugin.current import current_executor
+from hwplace.foundation.wording import safe_repr
+from hwplace.inventory.cluster import Cluster
+from hwplace.plugin.session import session
 
 MAX_MAXSIZE = (1 << 63) - 1
 """The largest bound a queue may have: the wire carries it as an unsigned 64-bit number."""
@@ -113,6 +115,13 @@ def decode(payloads: Sequence[bytearray], store: ObjectStore) -> list[Any]:
     return items
 
 
+
+def _hosting(cluster: Cluster | None, where: str) -> ChannelHosting:
+    """The executor that hosts channels: ``cluster``'s, or this process's."""
+    if cluster is not None and not isinstance(cluster, Cluster):
+        raise ConfigError("cluster", f"{safe_repr(cluster)} is not a hwplace.Cluster")
+    return require(cluster.executor() if cluster is not None else session().executor, ChannelHosting, where)
+
 class Channel:
     """A named channel of weighted FIFO queues; see :meth:`create` and :meth:`connect`.
 
@@ -139,11 +148,13 @@ class Channel:
 
     @classmethod
     def create(cls, name: str, maxsize: int = 0, *, group_affinity: str | None = None,
-               group_rank_affinity: int | None = None) -> Channel:
+               group_rank_affinity: int | None = None, cluster: Cluster | None = None) -> Channel:
         """Start a new channel called ``name``; each of its queues holds at most ``maxsize`` items (0: no bound).
 
         Its host runs on the node of worker ``group_rank_affinity`` (default 0) of group ``group_affinity``,
-        or on this process's node. A name in use is a :class:`hwplace.ConfigError`.
+        or on this process's node. A name in use is a :class:`hwplace.ConfigError`. ``cluster`` names the
+        cluster whose executor hosts it (default: this process's, :func:`hwplace.executor.session`); an executor
+        that cannot host channels is a :class:`hwplace.PluginError` naming it.
         """
         check_name(name)
         if isinstance(maxsize, bool) or not isinstance(maxsize, int) or not 0 <= maxsize <= MAX_MAXSIZE:
@@ -157,13 +168,13 @@ class Channel:
             raise ConfigError("group_rank_affinity", "must be a worker rank (a whole number >= 0)", value=rank)
         if group_affinity is not None and not isinstance(group_affinity, str):
             raise ConfigError("group_affinity", "must be a group name", value=group_affinity)
-        return cls(current_executor().create_channel(name, maxsize, group_affinity, rank))
+        return cls(_hosting(cluster, "Channel.create").create_channel(name, maxsize, group_affinity, rank))
 
     @classmethod
-    def connect(cls, name: str) -> Channel:
+    def connect(cls, name: str, *, cluster: Cluster | None = None) -> Channel:
         """The existing channel called ``name``; :class:`hwplace.ConfigError` naming those there are if none."""
         check_name(name)
-        return cls(current_executor().connect_channel(name))
+        return cls(_hosting(cluster, "Channel.connect").connect_channel(name))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return Channel, (self._address,)

@@ -13,7 +13,8 @@ from hwplace.config.records import HardwareConfig
 from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.frozen import freeze
 from hwplace.foundation.wording import did_you_mean, safe_repr
-from hwplace.plugin.manager import PluginManager, failures_note, get_plugin_manager
+from hwplace.plugin.manager import PluginManager, failures_note
+from hwplace.plugin.session import get_plugin_manager
 
 HARDWARE_KEYS = ("type", "configs")
 

@@ -28,6 +28,19 @@ the executor finds nodes in."""
 FAKE_ACCELERATORS = "HWPLACE_FAKE_ACCELERATORS"
 """How many ``fake-accelerator`` devices the fake backend finds on a node; default 0."""
 
+FAKE_ACCELERATOR = "fake-accelerator"
+"""The fake backend's accelerator type (``hardware.type``, ``Placement.hardware_type``), the default of offline
+inventories (``--nodes 2x4``, ``fake_cluster``)."""
+
+FAKE_ROBOT = "fake-robot"
+"""The fake backend's device type: one robot per ``hardware.configs`` entry."""
+
+FAKE_VISIBLE_DEVICES = "FAKE_VISIBLE_DEVICES"
+"""The fake accelerators a worker owns (node-local indices), as the fake backend isolates them."""
+
+FAKE_ROBOTS = "FAKE_ROBOTS"
+"""The fake robots a worker owns (their names), as the fake backend isolates them."""
+
 JOB_NAME = "HWPLACE_JOB_NAME"
 """The name a job's groups and leases go by on a shared cluster (``hwplace status``); default: the name of the
 script the driver runs (``hwplace run`` names a job after its config file)."""

@@ -18,8 +18,8 @@ from hwplace.foundation.errors import ConfigError, PluginError
 from hwplace.foundation.settings import read_job_name
 from hwplace.foundation.wording import plural, ranks_text, safe_repr
 from hwplace.inventory.detection import detect_node_hardware
-from hwplace.plugin.current import set_current_executor
-from hwplace.plugin.manager import PluginManager, get_plugin_manager
+from hwplace.plugin.manager import PluginManager
+from hwplace.plugin.session import get_plugin_manager, session
 
 
 class Cluster:
@@ -31,7 +31,9 @@ class Cluster:
     ``cluster_cfg`` is the ``cluster:`` section (mapping, OmegaConf or :class:`ClusterConfig`); its
     ``num_nodes`` must not exceed the nodes found. ``plugin_manager`` defaults to the process-wide one.
     ``job_name`` is what this job's groups and device leases go by on a shared cluster (``hwplace status``);
-    by default ``HWPLACE_JOB_NAME``, else the driver script's name.
+    by default ``HWPLACE_JOB_NAME``, else the driver script's name. A cluster that discovers its nodes makes its
+    executor this process's (:func:`hwplace.executor.session`), for channels and weight syncs created without
+    ``cluster=``.
     """
 
     def __init__(
@@ -81,7 +83,7 @@ class Cluster:
                               "anything use hwplace.testing.fake_cluster or Cluster.this_machine") from None
         nodes = list(executor.discover(config, self.plugin_manager))
         self._executor = executor
-        set_current_executor(executor)
+        session().set_executor(executor)
         return nodes
 
     def executor(self) -> Executor:

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hwplace.contracts.hardware import Device
-from hwplace.plugin.manager import PluginManager, get_plugin_manager
+from hwplace.plugin.manager import PluginManager
+from hwplace.plugin.session import get_plugin_manager
 
 
 def detect_node_hardware(

@@ -15,12 +15,13 @@ from hwplace.config.section import parse_cluster_config
 from hwplace.contracts.hardware import Device
 from hwplace.contracts.records import Node
 from hwplace.foundation.errors import ConfigError
+from hwplace.foundation.settings import FAKE_ACCELERATOR
 from hwplace.foundation.wording import did_you_mean, safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.plugin.detection import MAX_DEVICES
-from hwplace.plugin.manager import PluginManager, failures_note, get_plugin_manager
+from hwplace.plugin.manager import PluginManager, failures_note
+from hwplace.plugin.session import get_plugin_manager
 
-FAKE_ACCELERATOR = "fake-accelerator"
 MAX_PLANNED_ACCELERATORS = 4_000_000  # over the whole offline cluster: bounds memory, far beyond any cluster
 MAX_NODES_ITEMS = 10_000
 _NODES_ITEM = re.compile(r"^(?:([0-9]{1,7})x)?([0-9]{1,7})(?::([a-z0-9][a-z0-9._-]{0,63}))?$")

@@ -343,19 +343,3 @@ def _named(provided: Mapping[str, P], name: str, noun: str, hint: str = "") -> P
         raise PluginError(f"no {noun} is named {name!r}; registered: {', '.join(provided) or 'none'}"
                           f"{did_you_mean(name, provided)}{hint}")
     return provided[name]
-
-
-_manager: PluginManager | None = None
-_manager_lock = threading.Lock()
-
-
-def get_plugin_manager() -> PluginManager:
-    """The process-wide plugin manager, created (and entry points loaded) on first use.
-
-    A convenience at the public edge: everything that uses a manager also accepts one passed in.
-    """
-    global _manager
-    with _manager_lock:
-        if _manager is None:
-            _manager = PluginManager()
-        return _manager

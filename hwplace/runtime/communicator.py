@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hwplace.contracts.capabilities import Rendezvous
 from hwplace.contracts.executor import Executor, GroupEntry
 from hwplace.foundation.errors import ConfigError
 
@@ -66,7 +67,7 @@ class Communicator:
     keep: list[Any] = field(default_factory=list)  # the stores: alive as long as the groups
 
 
-def connect(executor: Executor, key: str, members: Sequence[Member], index: int, address: str,
+def connect(rendezvous: Rendezvous, key: str, members: Sequence[Member], index: int, address: str,
             device_backend: str | None, timeout: float = CONNECT_TIMEOUT) -> Communicator:
     """Build the communicator ``key`` of ``members`` (blocks until every member has joined, up to ``timeout``)."""
     torch = torch_module()
@@ -74,9 +75,9 @@ def connect(executor: Executor, key: str, members: Sequence[Member], index: int,
     delta = datetime.timedelta(seconds=timeout)
     if index == 0:
         store = dist.TCPStore(address, 0, None, True, timeout=delta, wait_for_workers=False)
-        executor.kv_put(key, f"{address}:{store.port}".encode())
+        rendezvous.kv_put(key, f"{address}:{store.port}".encode())
     else:
-        host, _, port = executor.kv_wait(key, timeout).decode().rpartition(":")
+        host, _, port = rendezvous.kv_wait(key, timeout).decode().rpartition(":")
         store = dist.TCPStore(host, int(port), None, False, timeout=delta)
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]

@@ -5,21 +5,22 @@ from __future__ import annotations
 import re
 import sys
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hwplace.config.records import NodeGroup
+from hwplace.contracts.capabilities import Leases, TurnArbitration, require
 from hwplace.contracts.executor import GroupRequest, GroupRuntime, Handle, WorkerSpec
 from hwplace.contracts.records import Placement
 from hwplace.contracts.registry import IDENTITY_PROPERTIES, DeviceLease, GroupRecord, WorkerRecord
 from hwplace.foundation.errors import ConfigError, PlacementError, WorkerError
 from hwplace.foundation.wording import did_you_mean, plural, safe_repr
 from hwplace.inventory.cluster import Cluster
+from hwplace.planning.sharing import shared_accelerators
 from hwplace.planning.strategies import PlacementStrategy
-
-if TYPE_CHECKING:
-    from hwplace.runtime.worker import Worker
+from hwplace.plugin.session import session
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
 PROGRESS_FROM = 8  # groups of at least this many workers show launch progress on a terminal
@@ -94,7 +95,7 @@ def group_record(cluster: Cluster, name: str, worker_class: type, placements: Se
 class GroupLauncher:
     """A worker class and its constructor arguments, ready to ``launch`` as a group."""
 
-    def __init__(self, worker_class: type[Worker], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, worker_class: type[Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
         self.worker_class = worker_class
         self.args = args
         self.kwargs = dict(kwargs)
@@ -121,26 +122,38 @@ class GroupLauncher:
             raise ConfigError("name", f"{safe_repr(name)} is not a usable group name",
                               allowed="1 to 100 letters, digits, '_', '.' and '-', starting with a letter or digit")
         executor = cluster.executor()
+        leases = require(executor, Leases, f"launching group {name!r}")
         placements = placement_strategy.get_placement(cluster, isolate_accelerator)
         if not placements:
             raise PlacementError(f"group {name!r}: the strategy places no process")
+        launched: weakref.WeakKeyDictionary[Any, dict[str, tuple[Placement, ...]]] = session().state(
+            "launched groups", weakref.WeakKeyDictionary)
+        running = launched.setdefault(executor, {})  # this driver's running groups on that executor
+        if not isinstance(executor, TurnArbitration) and shared_accelerators({**running, name: tuple(placements)}):
+            require(executor, TurnArbitration, f"launching group {name!r}, which shares accelerators with "
+                    f"{', '.join(running)}")
         port = executor.free_port(cluster.nodes[placements[0].node_rank])
         groups = {g.label: g for g in placement_strategy.groups(cluster)}
         specs = worker_specs(cluster, placements, port, groups)
-        executor.register_group(group_record(cluster, name, self.worker_class, placements))
+        leases.register_group(group_record(cluster, name, self.worker_class, placements))
         try:
             runtime = executor.start_group(GroupRequest(name, self.worker_class, self.args, self.kwargs, specs))
         except BaseException:
-            executor.deregister_group(name)
+            leases.deregister_group(name)
             raise
         try:
             _wait_ready(runtime.ready(), name, len(specs))
         except BaseException:
             runtime.shutdown()
-            executor.deregister_group(name)
+            leases.deregister_group(name)
             raise
-        return WorkerGroup(name, self.worker_class, tuple(placements), runtime,
-                           release=lambda: executor.deregister_group(name))
+        running[name] = tuple(placements)
+
+        def release() -> None:
+            running.pop(name, None)
+            leases.deregister_group(name)
+
+        return WorkerGroup(name, self.worker_class, tuple(placements), runtime, release=release)
 
 
 def _wait_ready(handle: Handle, name: str, count: int) -> None:
@@ -174,7 +187,7 @@ class WorkerGroup:
     def __init__(
         self,
         name: str,
-        worker_class: type[Worker],
+        worker_class: type[Any],
         placements: tuple[Placement, ...],
         runtime: GroupRuntime,
         ranks: tuple[int, ...] | None = None,

@@ -21,8 +21,7 @@ from typing import Any
 from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import WorkerError
 from hwplace.foundation.settings import read_log_level
-from hwplace.plugin.current import set_current_executor
-from hwplace.runtime.current import set_worker_context
+from hwplace.plugin.session import session
 from hwplace.runtime.worker import Worker
 
 
@@ -82,9 +81,10 @@ def start_worker(
     loading or the constructor raises comes back as a :class:`RemoteFailure`.
     """
     os.environ.update(context.env)
-    set_worker_context(context)
+    here = session()
+    here.worker = context
     if context.executor:
-        set_current_executor(context.executor)
+        here.set_executor(context.executor)
     try:
         _configure_logging()
         cls = load_class()

@@ -20,11 +20,11 @@ from collections.abc import Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from hwplace.contracts.capabilities import Rendezvous, require
 from hwplace.contracts.executor import Executor, GroupEntry
 from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import ConfigError, WorkerError
-from hwplace.plugin.current import current_executor
-from hwplace.plugin.manager import get_plugin_manager
+from hwplace.plugin.session import get_plugin_manager, session
 from hwplace.runtime.communicator import (
     CONNECT_TIMEOUT,
     DEVICE_TENSOR,
@@ -159,7 +159,7 @@ class Pair:
         torch = torch_module()
         try:
             index = self.members.index((messenger.entry.name, messenger.context.rank))
-            self.comm = connect(messenger.executor, self.key, self.members, index, messenger.address, backend)
+            self.comm = connect(messenger.rendezvous, self.key, self.members, index, messenger.address, backend)
             self.ready.set()
             other = 1 - index
             frames = [torch.zeros(FRAME, dtype=torch.uint8) for _ in range(RING)]
@@ -282,6 +282,7 @@ class Messenger:
 
     def __init__(self, context: WorkerContext, executor: Executor) -> None:
         self.context, self.executor = context, executor
+        self.rendezvous = require(executor, Rendezvous, "messaging (send, recv, broadcast)")
         self.entry = find_entry(executor, context.group)
         self.address = self.entry.addresses[context.rank]
         self.lock = threading.Lock()
@@ -353,17 +354,17 @@ class Messenger:
             raise ConfigError("groups", f"this worker (group {me[0]!r}) is not in the groups {list(names)}; every "
                               "member of the listed groups calls broadcast, and only they")
         key = "bcast/" + "|".join(f"{e.name}#{e.launch_id}" for e in entries)
-        comm = connect(self.executor, key, members, members.index(me), self.address, None)
+        comm = connect(self.rendezvous, key, members, members.index(me), self.address, None)
         with self.lock:
             self.sets[names] = (comm, entries)
         return comm, entries
 
 
-_messenger: list[Messenger] = []
-
-
 def messenger(context: WorkerContext) -> Messenger:
-    """This worker's messenger, made on first use."""
-    if not _messenger or _messenger[0].context is not context:
-        _messenger[:] = [Messenger(context, current_executor())]
-    return _messenger[0]
+    """This worker's messenger, made on first use (kept in the session)."""
+    here = session()
+    made: Messenger = here.state("messaging", lambda: Messenger(context, here.executor))
+    if made.context is not context:
+        raise WorkerError("messaging: this process's messenger belongs to another worker",
+                          group=context.group, rank=context.rank)
+    return made

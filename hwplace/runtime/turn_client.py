@@ -12,15 +12,27 @@ import json
 import socket
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from hwplace.contracts.executor import TurnAddress
+from hwplace.contracts.capabilities import TurnAddress, TurnArbitration
+from hwplace.contracts.records import Placement
 from hwplace.foundation.errors import ConfigError, WorkerError
 from hwplace.planning.sharing import accelerator_units
-from hwplace.plugin.current import current_executor
+from hwplace.plugin.session import session
 
-if TYPE_CHECKING:
-    from hwplace.runtime.worker import Worker
+
+class TurnTaker(Protocol):
+    """What turns need of a worker (a :class:`hwplace.Worker` is one); its ``onload`` and ``offload`` are
+    optional methods, looked up when a turn starts and ends."""
+
+    @property
+    def placement(self) -> Placement: ...
+
+    @property
+    def group_name(self) -> str: ...
+
+    @property
+    def rank(self) -> int: ...
 
 
 class _Connection:
@@ -48,7 +60,7 @@ class _Connection:
 class Turns:
     """The turn state of one worker: how deep it is in ``turn()`` blocks, and its arbiter connection."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: TurnTaker) -> None:
         self._worker = worker
         self._units = [list(unit) for unit in accelerator_units(worker.placement)]
         self._who = f"{worker.group_name} rank {worker.rank}"
@@ -61,7 +73,8 @@ class Turns:
 
     def _arbiter(self) -> _Connection | None:
         if self._connection is None and self._units:
-            address = current_executor().turn_arbiter(self._worker.placement)
+            executor = session().executor
+            address = executor.turn_arbiter(self._worker.placement) if isinstance(executor, TurnArbitration) else None
             if address is not None:
                 try:
                     self._connection = _Connection(address, self._worker.group_name, self._who)

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from hwplace.contracts.capabilities import Rendezvous
 from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import HwplaceError, WeightSyncError
 from hwplace.planning.sync_plan import SHARED_MEMORY
-from hwplace.plugin.current import current_executor
+from hwplace.plugin.session import session
 from hwplace.runtime.buckets import Entry, Weights, check, unpack
 from hwplace.runtime.communicator import connect, find_entry, torch_module
 from hwplace.runtime.device_share import SlotDescriptor, SlotReader, TornRead
@@ -59,9 +60,10 @@ class Announcement:
 
 
 def _connect(key: str, members: tuple[Member, ...], context: WorkerContext) -> Any:
-    executor = current_executor()
+    executor = session().executor
     address = find_entry(executor, context.group).addresses[context.rank]
-    return connect(executor, key, members, members.index((context.group, context.rank)), address, None)
+    rendezvous = session().require(Rendezvous, "weight sync")
+    return connect(rendezvous, key, members, members.index((context.group, context.rank)), address, None)
 
 
 def _first_line(exc: BaseException) -> str:

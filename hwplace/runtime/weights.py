@@ -22,13 +22,14 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hwplace.contracts.capabilities import Rendezvous, require
 from hwplace.foundation.errors import ConfigError, WeightSyncError
 from hwplace.foundation.wording import safe_repr
+from hwplace.inventory.cluster import Cluster
 from hwplace.planning.sync_plan import BROADCAST, SHARED_MEMORY, SyncTarget, plan_sync
-from hwplace.plugin.current import current_executor
+from hwplace.plugin.session import session
 from hwplace.runtime.buckets import DEFAULT_BUCKET_BYTES, INLINE_BYTES, Weights, pack, sizes
 from hwplace.runtime.communicator import check_member, find_entry
-from hwplace.runtime.current import worker_context
 from hwplace.runtime.device_share import SlotDescriptor, SlotWriter
 from hwplace.runtime.segments import SegmentPool
 from hwplace.runtime.weight_stream import ANNOUNCED_BYTES, Announcement, Link, Receiver, buckets_of, fan_out
@@ -47,8 +48,12 @@ class _State:
         self.receiver: Receiver | None = None
 
 
-_states: dict[str, _State] = {}
-_states_lock = threading.Lock()
+def _states() -> dict[str, _State]:
+    """This process's side of each weight sync it takes part in, by the sync's id (in the session)."""
+    return session().state("weight_sync", dict)
+
+
+_STATES_LOCK = threading.Lock()
 
 
 class WeightSync:
@@ -72,15 +77,22 @@ class WeightSync:
 
     @classmethod
     def create(cls, name: str, source: str, targets: Sequence[str] = ("rollout",), source_rank: int = 0,
-               bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightSync:
-        """A new weight sync between running groups; ``ConfigError`` naming a group or rank that is not there."""
+               bucket_bytes: int = DEFAULT_BUCKET_BYTES, *, cluster: Cluster | None = None) -> WeightSync:
+        """A new weight sync between running groups; ``ConfigError`` naming a group or rank that is not there.
+
+        ``cluster`` names the cluster the groups run on (default: this process's, :func:`hwplace.executor.session`);
+        an executor without a rendezvous (:class:`hwplace.executor.Rendezvous`) is a ``PluginError`` naming it.
+        """
+        if cluster is not None and not isinstance(cluster, Cluster):
+            raise ConfigError("cluster", f"{safe_repr(cluster)} is not a hwplace.Cluster")
+        executor = cluster.executor() if cluster is not None else session().executor
+        require(executor, Rendezvous, "WeightSync.create")
         if not isinstance(name, str) or not name:
             raise ConfigError("name", "a weight sync's name is a non-empty string", value=name)
         if isinstance(targets, str) or not targets:
             raise ConfigError("targets", "a tuple of target group names", value=targets)
         if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
             raise ConfigError("bucket_bytes", "a number of bytes above 0", value=bucket_bytes)
-        executor = current_executor()
         entry = find_entry(executor, source)
         check_member(entry, source_rank, "source_rank")
         if source in targets:
@@ -93,15 +105,15 @@ class WeightSync:
         return f"<WeightSync {self.name!r}: {self.source} rank {self.source_rank} -> {', '.join(targets)}>"
 
     def _state(self) -> _State:
-        with _states_lock:
-            return _states.setdefault(self._uid, _State())
+        with _STATES_LOCK:
+            return _states().setdefault(self._uid, _State())
 
     def _key(self, target: SyncTarget) -> str:
         return f"wsync/{self._uid}/{target.group}/{target.rank}"
 
     def publish(self, state_dict: Mapping[str, Any]) -> int:
         """Send ``state_dict`` (names to torch tensors or numpy arrays) to every target; returns its version."""
-        context = worker_context("WeightSync.publish")
+        context = session().worker_context("WeightSync.publish")
         if (context.group, context.rank) != (self.source, self.source_rank):
             raise WeightSyncError(f"weight sync {self.name!r}: publish runs on its source, group {self.source!r} "
                                   f"rank {self.source_rank}, not on group {context.group!r} rank {context.rank}")
@@ -162,7 +174,7 @@ class WeightSync:
             _deliver(other, Announcement(version, note.entries, note.digests, lengths, follows=True), copies)
 
     def _me(self, what: str) -> SyncTarget:
-        context = worker_context(what)
+        context = session().worker_context(what)
         for target in self.plan:
             if (target.group, target.rank) == (context.group, context.rank):
                 return target
@@ -182,8 +194,9 @@ class WeightSync:
         state = self._state()
         with state.lock:
             if state.receiver is None:
-                state.receiver = Receiver(self.name, self._key(me), ((self.source, self.source_rank),
-                                          (me.group, me.rank)), worker_context("WeightSync.latest"), me.transport)
+                members = ((self.source, self.source_rank), (me.group, me.rank))
+                state.receiver = Receiver(self.name, self._key(me), members,
+                                          session().worker_context("WeightSync.latest"), me.transport)
         return state.receiver.latest(min_version, timeout)
 
     def load_into(self, module: Any, min_version: int = 0, timeout: float | None = None) -> int:

@@ -9,22 +9,48 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hwplace.foundation.errors import PluginError
-from hwplace.inventory.offline import FAKE_ACCELERATOR, fake_cluster
-from hwplace.plugin.manager import PluginManager, get_plugin_manager
-from hwplace.runtime.local_cluster import local_ray_cluster
+from hwplace.foundation.settings import FAKE_ACCELERATOR
+from hwplace.inventory.local import local_cluster
+from hwplace.inventory.offline import fake_cluster
+from hwplace.plugin.manager import PluginManager
+from hwplace.plugin.session import Session, get_plugin_manager, swapped_session
 
 __all__ = [
     "FAKE_ACCELERATOR",
     "ODD_CONFIGS",
     "BackendConformance",
+    "Session",
     "fake_cluster",
+    "local_cluster",
     "local_ray_cluster",
     "registered_plugin",
+    "swapped_session",
 ]
+
+
+@contextlib.contextmanager
+def local_ray_cluster(
+    num_nodes: int = 2,
+    accelerators_per_node: int | Sequence[int] = 0,
+    *,
+    cpus_per_node: int = 1,
+    env_vars: Mapping[str, str] | None = None,
+) -> Iterator[str]:
+    """A real multi-node Ray cluster on this machine, with this process connected to it; yields its address.
+
+    Node ``i`` is a raylet of its own whose environment has ``HWPLACE_NODE_RANK=i`` and
+    ``HWPLACE_FAKE_ACCELERATORS`` (``accelerators_per_node``: one count for every node, or one per node), plus
+    ``env_vars``. The cluster stops when the block ends, and no other process's ``ray.init()`` finds it. Started
+    by the Ray executor's :class:`hwplace.executor.LocalClusters` capability (:func:`local_cluster` with
+    ``executor="ray"``).
+    """
+    with local_cluster(num_nodes, accelerators_per_node, executor="ray", cpus_per_node=cpus_per_node,
+                       env_vars=env_vars) as address:
+        yield address
 
 
 @contextlib.contextmanager

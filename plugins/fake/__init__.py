@@ -11,8 +11,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import hwplace
+from hwplace.names import FAKE_ACCELERATOR, FAKE_ACCELERATORS, FAKE_ROBOT, FAKE_ROBOTS, FAKE_VISIBLE_DEVICES
 
-COUNT_VARIABLE = "HWPLACE_FAKE_ACCELERATORS"
+COUNT_VARIABLE = FAKE_ACCELERATORS
 MAX_ACCELERATORS = 4096  # per node; a larger count is a typo, refused before anything is allocated
 ROBOT_KEYS = ("node_rank", "name", "model", "unhealthy")
 
@@ -20,7 +21,7 @@ ROBOT_KEYS = ("node_rank", "name", "model", "unhealthy")
 class FakeAccelerator(hwplace.HardwareBackend):
     """``HWPLACE_FAKE_ACCELERATORS`` accelerators on each node, isolated by ``FAKE_VISIBLE_DEVICES``."""
 
-    name = "fake-accelerator"
+    name = FAKE_ACCELERATOR
     kind = "accelerator"
 
     def detect(self, configs: Sequence[Mapping[str, Any]]) -> list[hwplace.Device]:
@@ -38,13 +39,13 @@ class FakeAccelerator(hwplace.HardwareBackend):
         ]
 
     def isolation_env(self, devices: Sequence[hwplace.Device]) -> dict[str, str]:
-        return {"FAKE_VISIBLE_DEVICES": ",".join(str(d.index) for d in devices)}
+        return {FAKE_VISIBLE_DEVICES: ",".join(str(d.index) for d in devices)}
 
 
 class FakeRobot(hwplace.HardwareBackend):
     """One robot per ``hardware.configs`` entry; ``unhealthy: "reason"`` makes one report a fault."""
 
-    name = "fake-robot"
+    name = FAKE_ROBOT
     kind = "device"
 
     def check_config(self, config: Mapping[str, Any]) -> None:
@@ -72,7 +73,7 @@ class FakeRobot(hwplace.HardwareBackend):
 
     def isolation_env(self, devices: Sequence[hwplace.Device]) -> dict[str, str]:
         """The robots' names: a robot is known by what its config calls it, not by its position."""
-        return {"FAKE_ROBOTS": ",".join(str(d.properties.get("name", f"fake-robot-{d.index}")) for d in devices)}
+        return {FAKE_ROBOTS: ",".join(str(d.properties.get("name", f"fake-robot-{d.index}")) for d in devices)}
 
 
 @hwplace.hookimpl

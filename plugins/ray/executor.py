@@ -11,7 +11,7 @@ import os
 import re
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -19,14 +19,20 @@ import hwplace
 from hwplace import ClusterConfig, ConfigError, Node, Placement, PlacementError, PluginManager
 from hwplace.executor import (
     ChannelAddress,
+    ChannelHosting,
     GroupEntry,
     GroupRecord,
     GroupRequest,
     GroupRuntime,
+    Leases,
+    LocalClusters,
+    Rendezvous,
     TurnAddress,
+    TurnArbitration,
     detect_timeout,
 )
 from hwplace_plugins.ray.connect import connect, import_ray
+from hwplace_plugins.ray.local_cluster import local_ray_cluster
 from hwplace_plugins.ray.ranks import RANK_VARIABLE, FoundNode, assign_ranks, nodes_table
 
 ACTOR_PREFIX = "hwplace.channel."
@@ -44,8 +50,8 @@ def _summary(hardware: dict[str, Any]) -> str:
     return ", ".join(f"{len(devices)} {name}" for name, devices in sorted(hardware.items()) if name != "node")
 
 
-class RayExecutor(hwplace.Executor):
-    """Runs workers as Ray actors, each pinned to its node."""
+class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbitration, LocalClusters):
+    """Runs workers as Ray actors, each pinned to its node; offers every capability."""
 
     name = "ray"
 
@@ -286,6 +292,10 @@ class RayExecutor(hwplace.Executor):
 
     def find_group(self, name: str) -> GroupEntry | None:
         return rendezvous().find_entry(name)  # type: ignore[no-any-return]
+
+    def local_cluster(self, node_envs: Sequence[Mapping[str, str]], *,
+                      cpus_per_node: int) -> contextlib.AbstractContextManager[str]:
+        return local_ray_cluster(node_envs, cpus_per_node=cpus_per_node)
 
     def kv_put(self, key: str, value: bytes) -> None:
         rendezvous().kv_put(key, value)

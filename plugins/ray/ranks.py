@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from hwplace import ConfigError
+from hwplace.names import NODE_RANK
 
-RANK_VARIABLE = "HWPLACE_NODE_RANK"  # a node's environment variable, or its Ray node label of the same name
+RANK_VARIABLE = NODE_RANK  # a node's environment variable, or its Ray node label of the same name
 MAX_RANK_DIGITS = 18
 
 

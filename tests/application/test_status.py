@@ -17,7 +17,7 @@ import pytest
 import hwplace
 from hwplace.application.cli import main
 from hwplace.application.status import print_status
-from hwplace.pytest_plugin import LocalRay
+from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 STATE: dict[str, Any] = {
     "cluster": {"address": "10.0.0.1:6379", "nodes": [{"node_id": "a" * 56, "address": "10.0.0.1", "alive": True},

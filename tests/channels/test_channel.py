@@ -27,8 +27,8 @@ import pytest
 import hwplace
 from hwplace.channels import channel as channel_module
 from hwplace.channels.wire import AUTH_TIMEOUT, HELLO, LENGTH, PUT, REPLY, encode_request
-from hwplace.executor import ChannelAddress, ObjectStore
-from hwplace.plugin import current as executor_module
+from hwplace.executor import ChannelAddress, ChannelHosting, ObjectStore
+from hwplace.testing import Session, swapped_session
 
 # No test here may hang (under mutation testing a broken channel would wait forever): 60 s at most.
 pytestmark = pytest.mark.time_limit(60)
@@ -69,7 +69,7 @@ class FileStore(ObjectStore):
         return items
 
 
-class ProcessExecutor(hwplace.Executor):
+class ProcessExecutor(hwplace.Executor, ChannelHosting):
     name = "process"
 
     def __init__(self, folder: Path) -> None:
@@ -91,6 +91,22 @@ class ProcessExecutor(hwplace.Executor):
                                  FileStore(store))
         self.hosts[name] = (process, address)
         return address
+
+    # the core every executor has: this one hosts channels for workers started by the tests themselves
+    def discover(self, config: Any, plugin_manager: Any) -> list[hwplace.Node]:
+        return [hwplace.Node(0, "this-machine", "127.0.0.1")]
+
+    def free_port(self, node: hwplace.Node) -> int:
+        return 0
+
+    def start_group(self, request: Any) -> Any:
+        raise hwplace.ConfigError("executor", "this test executor starts no groups")
+
+    def find_group(self, name: str) -> None:
+        return None
+
+    def where(self) -> str:
+        return "this machine"
 
     def connect_channel(self, name: str) -> ChannelAddress:
         if name not in self.hosts:
@@ -119,8 +135,9 @@ def executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessExecut
 
 
 @pytest.fixture(autouse=True)
-def current(executor: ProcessExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(executor_module, "_current", [executor])
+def current(executor: ProcessExecutor) -> Iterator[Session]:
+    with swapped_session(Session(executor=executor)) as session:
+        yield session
 
 
 _names = iter(range(1_000_000))
@@ -186,9 +203,9 @@ def test_affinity_must_be_a_group_name_and_a_rank(group: Any, rank: Any, key: st
         hwplace.Channel.create("where", group_affinity=group, group_rank_affinity=rank)
 
 
-def test_without_a_cluster_create_says_how_to_get_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(executor_module, "_current", [])
-    with pytest.raises(hwplace.ConfigError, match=r"no running cluster in this process; start one first"):
+def test_without_a_cluster_create_says_how_to_get_one() -> None:
+    with swapped_session(), \
+            pytest.raises(hwplace.ConfigError, match=r"no running cluster in this process; start one first"):
         hwplace.Channel.create("nowhere")
 
 
@@ -715,6 +732,7 @@ def test_a_worker_hosts_its_channel_where_asked(executor: ProcessExecutor, group
 
 def test_a_worker_makes_its_channels_through_its_own_executor(executor: ProcessExecutor,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from hwplace import get_plugin_manager
     from hwplace.contracts.records import WorkerContext
     from hwplace.runtime.hosting import start_worker
     from hwplace.testing import fake_cluster, registered_plugin
@@ -724,14 +742,16 @@ def test_a_worker_makes_its_channels_through_its_own_executor(executor: ProcessE
         def hwplace_executors(self) -> list[hwplace.Executor]:
             return [executor]
 
-    monkeypatch.setattr(executor_module, "_current", [])
     placement = hwplace.NodePlacementStrategy([0]).get_placement(fake_cluster(num_nodes=1))[0]
-    with registered_plugin(Plugin(), "process-executor"):
+    with registered_plugin(Plugin(), "process-executor"), \
+            swapped_session(Session(plugin_manager=get_plugin_manager())) as session:
         worker = start_worker(lambda: Member, WorkerContext("solo", 0, 1, placement, {}, "process"), (), {})
         assert isinstance(worker, Member)
         name = f"solo{next(_names)}"
         worker.create_channel(name).put(1)
-        assert executor_module.current_executor() is executor
+        assert session.executor is executor
+        assert session.worker is not None
+        assert session.worker.group == "solo"
     assert name in executor.hosts
 
 

@@ -105,7 +105,7 @@ def test_cluster_of_given_nodes(manager: PluginManager) -> None:
 
 
 def test_cluster_without_a_manager_uses_the_process_wide_one() -> None:
-    from hwplace.plugin.manager import get_plugin_manager
+    from hwplace import get_plugin_manager
 
     assert hwplace.Cluster(nodes=[node(0)]).plugin_manager is get_plugin_manager()
 
@@ -203,6 +203,18 @@ class ListedExecutor(hwplace.Executor):
     def discover(self, config: ClusterConfig, plugin_manager: PluginManager) -> list[hwplace.Node]:
         self.seen.append((config, plugin_manager))
         return self.nodes
+
+    def free_port(self, node: hwplace.Node) -> int:
+        return 29500
+
+    def start_group(self, request: Any) -> Any:
+        raise hwplace.ConfigError("executor", "this test executor starts no groups")
+
+    def find_group(self, name: str) -> None:
+        return None
+
+    def where(self) -> str:
+        return "a list of nodes"
 
 
 class ExecutorPlugin:

@@ -14,7 +14,7 @@ import hwplace
 from hwplace import ConfigError, PlacementError, Worker, WorkerError
 from hwplace.config.records import NodeGroup
 from hwplace.contracts.records import WorkerContext
-from hwplace.executor import GroupRequest, GroupRuntime, Handle
+from hwplace.executor import GroupRequest, GroupRuntime, Handle, Leases
 from hwplace.runtime.group import GroupLauncher, WorkerGroup, torch_env, worker_specs
 from hwplace.runtime.hosting import RemoteFailure, run_method, start_worker
 from hwplace.testing import fake_cluster, registered_plugin
@@ -389,7 +389,7 @@ class LaunchedRuntime(InProcessRuntime):
         return SlowReady(self, self.polls)
 
 
-class InProcessExecutor(hwplace.Executor):
+class InProcessExecutor(hwplace.Executor, Leases):
     """Nodes from an offline inventory; workers hosted in this process. Records what launch asked of it."""
 
     name = "in-process"
@@ -407,6 +407,12 @@ class InProcessExecutor(hwplace.Executor):
     def free_port(self, node: hwplace.Node) -> int:
         self.ports.append(node.node_id)
         return 29400 + node.rank
+
+    def find_group(self, name: str) -> None:
+        return None
+
+    def where(self) -> str:
+        return "this process"
 
     def register_group(self, record: Any) -> None:
         self.registered.append(record)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import hwplace
-from hwplace.pytest_plugin import LocalRay
+from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 ray = pytest.importorskip("ray")
 

@@ -14,8 +14,8 @@ import pytest
 from drivers import run_driver
 
 import hwplace
-from hwplace.pytest_plugin import LocalRay
 from hwplace_plugins.ray.connect import check_reachable
+from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 pytest.importorskip("ray")
 

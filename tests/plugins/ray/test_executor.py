@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import hwplace
-from hwplace.pytest_plugin import LocalRay
+from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 ray = pytest.importorskip("ray")
 

@@ -16,7 +16,7 @@ import pytest
 
 import hwplace
 from hwplace.application.job import load_entrypoint
-from hwplace.pytest_plugin import LocalRay
+from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 GRPO = Path(__file__).resolve().parents[3] / "examples" / "rl-grpo"
 SHORT = {"steps": 6, "eval_every": 3, "eval_prompts": 20}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hwplace.application.cli import main
-from hwplace.pytest_plugin import LocalRay
+from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 pytestmark = pytest.mark.time_limit(120)
 

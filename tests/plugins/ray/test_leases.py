@@ -14,7 +14,7 @@ import pytest
 
 import hwplace
 from hwplace.executor import DeviceLease, GroupRecord, WorkerRecord
-from hwplace.pytest_plugin import LocalRay
+from hwplace_plugins.ray.pytest_plugin import LocalRay
 from hwplace_plugins.ray.registry import LeaseBook
 
 # -- the book, without Ray ------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import hwplace
-from hwplace.pytest_plugin import LocalRay
+from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")

@@ -9,8 +9,8 @@ import pytest
 from drivers import run_driver
 
 import hwplace
-from hwplace.pytest_plugin import LocalRay
 from hwplace.testing import local_ray_cluster
+from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 ray = pytest.importorskip("ray")
 
@@ -39,7 +39,7 @@ def test_bad_shapes_are_refused_before_ray_starts(kwargs: dict[str, object], mes
 
 
 def test_the_pytest_plugin_loads_without_importing_ray() -> None:
-    code = "import sys, hwplace.pytest_plugin; print('ray' in sys.modules, 'torch' in sys.modules)"
+    code = "import sys, hwplace_plugins.ray.pytest_plugin; print('ray' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 
@@ -47,7 +47,8 @@ def test_the_pytest_plugin_loads_without_importing_ray() -> None:
 def test_the_pytest_plugin_is_registered_for_any_suite() -> None:
     from importlib.metadata import entry_points
 
-    assert [ep.value for ep in entry_points(group="pytest11") if ep.name == "hwplace"] == ["hwplace.pytest_plugin"]
+    found = [ep.value for ep in entry_points(group="pytest11") if ep.name == "hwplace-ray"]
+    assert found == ["hwplace_plugins.ray.pytest_plugin"]
 
 
 INTERRUPTED_START = r"""

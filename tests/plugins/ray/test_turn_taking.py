@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import hwplace
-from hwplace.pytest_plugin import LocalRay
+from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 ray = pytest.importorskip("ray")
 

@@ -12,9 +12,9 @@ from unittest import mock
 import pytest
 
 import hwplace
-from hwplace.pytest_plugin import LocalRay
 from hwplace.runtime import buckets, current
 from hwplace.runtime import weights as weights_module
+from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")

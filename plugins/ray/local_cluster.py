@@ -1,7 +1,8 @@
-"""A throwaway multi-node Ray cluster on this machine: one raylet per node, each with its own fake
-accelerators and node rank. ``hwplace run --nodes`` and :func:`hwplace.testing.local_ray_cluster` use it.
+"""A throwaway multi-node Ray cluster on this machine, one raylet per node, each with the environment hwplace
+gives it (its node rank, its fake accelerators): the Ray executor's :class:`hwplace.executor.LocalClusters`
+capability, which ``hwplace run --nodes`` and :func:`hwplace.testing.local_ray_cluster` use.
 
-Ray is imported when a cluster starts (an optional dependency). Imports the layers below.
+Ray is imported when a cluster starts.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from hwplace.foundation.errors import ConfigError
-from hwplace.foundation.settings import FAKE_ACCELERATORS, NODE_RANK
-from hwplace.inventory.offline import accelerator_counts
+from hwplace import ConfigError
 
 OBJECT_STORE_BYTES = 2**30  # each node's object store in a local cluster; Ray takes the memory as it is used
 
@@ -32,40 +31,27 @@ def _driver_paths() -> str:
 
 
 @contextlib.contextmanager
-def local_ray_cluster(
-    num_nodes: int = 2,
-    accelerators_per_node: int | Sequence[int] = 0,
-    *,
-    cpus_per_node: int = 1,
-    env_vars: Mapping[str, str] | None = None,
-    object_store_bytes: int = OBJECT_STORE_BYTES,
-) -> Iterator[str]:
-    """A real multi-node Ray cluster on this machine, with the driver connected to it; yields its address.
+def local_ray_cluster(node_envs: Sequence[Mapping[str, str]], *, cpus_per_node: int = 1,
+                      object_store_bytes: int = OBJECT_STORE_BYTES) -> Iterator[str]:
+    """A real Ray cluster of one raylet per entry of ``node_envs`` (node ``i``'s environment), with this process
+    connected to it; yields its address and stops every process it started when the block ends.
 
-    Node ``i`` is a raylet of its own whose environment has ``HWPLACE_NODE_RANK=i`` and
-    ``HWPLACE_FAKE_ACCELERATORS`` (``accelerators_per_node``: one count for every node, or one per node),
-    plus ``env_vars``, and an object store of ``object_store_bytes`` (1 GiB: Ray's test clusters default to
-    150 MiB, where a 100 MB model's two versions no longer fit and every put spills to disk; the memory is
-    taken only as it is used). Its workers can import what the driver imports from outside its environment (the
-    folders pytest puts on ``sys.path``, a source checkout). The cluster stops when the block ends. Its files
-    live in a private folder, so another process's ``ray.init()`` never finds it (Ray's "latest cluster on
-    this machine" stays what ``ray start`` made).
+    Each node gets an object store of ``object_store_bytes`` (1 GiB: Ray's test clusters default to 150 MiB,
+    where a 100 MB model's two versions no longer fit and every put spills to disk; the memory is taken only as
+    it is used). Its workers can import what the driver imports from outside its environment (the folders
+    pytest puts on ``sys.path``, a source checkout). Its files live in a private folder, so another process's
+    ``ray.init()`` never finds it (Ray's "latest cluster on this machine" stays what ``ray start`` made).
     """
-    counts = accelerator_counts(accelerators_per_node, num_nodes, None)
-    if isinstance(cpus_per_node, bool) or not isinstance(cpus_per_node, int) or cpus_per_node < 1:
-        raise ConfigError("cpus_per_node", "must be a positive integer", value=cpus_per_node)
-    if isinstance(object_store_bytes, bool) or not isinstance(object_store_bytes, int) or object_store_bytes < 2**26:
-        raise ConfigError("object_store_bytes", "an integer of at least 64 MiB", value=object_store_bytes)
     import ray  # noqa: PLC0415 (optional: Ray, the executor's runtime)
     from ray.cluster_utils import Cluster as RayCluster  # noqa: PLC0415 (optional: Ray)
 
     if ray.is_initialized():
         raise ConfigError("local_ray_cluster", "this process is already connected to Ray",
                           allowed="call ray.shutdown() first, or use that cluster")
-    common = {**(env_vars or {}), "PYTHONPATH": _driver_paths()}
+    paths = _driver_paths()
 
     def node_args(rank: int) -> dict[str, Any]:
-        env = {**common, NODE_RANK: str(rank), FAKE_ACCELERATORS: str(counts[rank])}
+        env = {**node_envs[rank], "PYTHONPATH": paths}
         common_args = {"num_cpus": cpus_per_node, "env_vars": env, "object_store_memory": object_store_bytes}
         return {**common_args, "include_dashboard": False} if rank == 0 else common_args
 
@@ -80,7 +66,7 @@ def local_ray_cluster(
                 cluster.shutdown()  # type: ignore[no-untyped-call]
                 raise
         try:
-            for rank in range(1, len(counts)):
+            for rank in range(1, len(node_envs)):
                 _add_worker_node(cluster, node_args(rank))
             cluster.wait_for_nodes()
             ray.init(address=cluster.address)

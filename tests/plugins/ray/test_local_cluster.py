@@ -1,4 +1,4 @@
-"""hwplace's throwaway Ray clusters (``hwplace/runtime/local_cluster.py``) are found by nobody else."""
+"""hwplace's throwaway Ray clusters (``plugins/ray/local_cluster.py``) are found by nobody else."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hwplace.pytest_plugin import LocalRay
+from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 pytest.importorskip("ray")
 

@@ -1,6 +1,7 @@
 """pytest fixtures for suites that run workers on Ray: one local multi-node Ray cluster per test session.
 
-Loaded through the ``pytest11`` entry point; it imports Ray only when a test asks for the fixture.
+Part of the Ray executor's plugin, loaded through the ``pytest11`` entry point ``hwplace-ray``; it imports Ray
+only when a test asks for the fixture.
 The cluster's shape comes from the ini options ``hwplace_ray_nodes`` (default 2) and
 ``hwplace_ray_accelerators`` (fake accelerators per node, default 4).
 """
