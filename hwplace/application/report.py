@@ -9,13 +9,14 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from hwplace.config.weight_sync import SyncSpec, parse_weight_sync
 from hwplace.contracts.records import Placement
 from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.wording import plural
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
 from hwplace.planning.sharing import shared_accelerators
-from hwplace.planning.sync_plan import SyncSpec, SyncTarget, parse_weight_sync, plan_sync
+from hwplace.planning.sync_plan import SyncTarget, plan_sync
 
 SyncPlans = list[tuple[SyncSpec, int, tuple[SyncTarget, ...]]]  # each sync, its source's node, its targets
 
