@@ -42,7 +42,7 @@ class ComponentPlacement:
         if not self.config.components:
             raise ConfigError("cluster.component_placement", "is missing or empty: no component to place")
         self.cluster = cluster
-        self._strategies: dict[str, PlacementStrategy] = {}  # built on first use: planning never needs them
+        self._strategies: dict[str, PlacementStrategy] = {}  # planned on first use: planning never needs them
         self._lists: dict[str, tuple[list[Sequence[int]], bool, list[NodeGroup]]] = {}
         self._placements: dict[str, list[Placement]] = {}
         spaces: dict[tuple[str, ...], ResourceSpace] = {}
@@ -91,14 +91,17 @@ class ComponentPlacement:
                                       f"{did_you_mean(str(name), self._placements)}")
 
     def get_strategy(self, name: str) -> PlacementStrategy:
-        """The strategy that places component ``name``: Flexible on hardware groups, Node on node groups."""
+        """The strategy that places component ``name``: Flexible on hardware groups, Node on node groups.
+
+        It is planned on this cluster: immutable, it holds the placements made here, which ``get_placement``
+        returns there (accelerators isolated) without building them again.
+        """
         self._known(name)
         if name not in self._strategies:
             lists, node_kind, groups = self._lists[name]
             strategy = (NodePlacementStrategy([ids[0] for ids in lists], node_group=groups)
                         if node_kind else FlexiblePlacementStrategy(lists, node_group=groups))
-            strategy.planned = (self.cluster, tuple(self._placements[name]))
-            self._strategies[name] = strategy
+            self._strategies[name] = strategy.planned_on(self.cluster, self._placements[name])
         return self._strategies[name]
 
     def get_world_size(self, name: str) -> int:

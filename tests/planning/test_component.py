@@ -777,8 +777,16 @@ def test_a_components_strategy_hands_back_what_component_placement_planned() -> 
         assert planned == plan.get_placements(name)
         assert strategy.get_placement(cluster) is not planned  # a fresh list each time
         assert planned[0] is plan.get_placements(name)[0]  # the records themselves are reused, not rebuilt
-        strategy.planned = None
-        assert strategy.get_placement(cluster) == planned  # rebuilt: the same placements
+        with pytest.raises(dataclasses.FrozenInstanceError, match=r"a planned strategy is immutable"):
+            strategy.planned = None  # type: ignore[misc]  # the plan cannot be dropped
+        unplanned: hwplace.PlacementStrategy
+        if isinstance(strategy, hwplace.NodePlacementStrategy):
+            unplanned = hwplace.NodePlacementStrategy(strategy.node_ranks, node_group=strategy.node_group)
+        else:
+            assert isinstance(strategy, hwplace.FlexiblePlacementStrategy)
+            unplanned = hwplace.FlexiblePlacementStrategy(strategy.accelerator_id_lists, node_group=strategy.node_group)
+        assert unplanned.planned is None
+        assert unplanned.get_placement(cluster) == planned  # rebuilt: the same placements
     other = hwplace.testing.fake_cluster(cfg["cluster"], accelerators_per_node=4)
     actor = plan.get_strategy("actor")
     assert actor.get_placement(other)[0] is not plan.get_placements("actor")[0]  # another cluster: placed anew
