@@ -176,8 +176,8 @@ def run_job(
 
     With ``accelerators_per_node`` (one count per node, or an int for one node), the job runs on a throwaway
     local Ray cluster of that shape with fake accelerators, checked against that inventory before Ray
-    starts; otherwise on the cluster ``cluster:`` describes. ``config`` is parsed once (a
-    :class:`~hwplace.JobConfig` is used as it is), before anything starts. A relative ``job.entrypoint`` file is read
+    starts; otherwise on the cluster ``cluster:`` describes. ``config`` is parsed once, before anything starts
+    (a :class:`~hwplace.JobConfig` is used as it is). A relative ``job.entrypoint`` file is read
     from ``base``: by default the config file's folder, or the working directory for a mapping. Every group
     the entry point launched through the :class:`Job` is shut down when it returns or raises. It prints the
     cluster it joined (address and nodes) and the plan before calling the entry point. A config file names the
