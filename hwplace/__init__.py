@@ -16,6 +16,7 @@ from hwplace.channels.balance import balanced_split, imbalance
 from hwplace.channels.channel import Channel
 from hwplace.channels.handle import ChannelHandle
 from hwplace.channels.queues import QueueStats
+from hwplace.config.job_config import JobConfig, parse_job_config
 from hwplace.config.loading import load_config
 from hwplace.config.records import ClusterConfig, NodeGroup
 from hwplace.config.section import parse_cluster_config
@@ -75,6 +76,7 @@ __all__ = [
     "HardwareBackend",
     "HwplaceError",
     "Job",
+    "JobConfig",
     "NoDevices",
     "Node",
     "NodeGroup",
@@ -99,6 +101,7 @@ __all__ = [
     "imbalance",
     "load_config",
     "parse_cluster_config",
+    "parse_job_config",
     "run_job",
     "testing",
 ]

@@ -1,5 +1,9 @@
 """The ``hwplace`` command: ``plan`` a config without launching anything, ``run`` a job, list ``hardware``, show
-the ``status`` of a running cluster."""
+the ``status`` of a running cluster.
+
+Each command parses its config once into a :class:`~hwplace.JobConfig` and hands that record on. Imports the
+layers below and the other modules of :mod:`hwplace.application`.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +18,8 @@ from typing import Any, TextIO
 from hwplace.application.job import run_job
 from hwplace.application.report import plan_json, print_plan, print_sync_plans, sync_plans, sync_plans_json, table
 from hwplace.application.status import print_status
+from hwplace.config.job_config import parse_job_config
 from hwplace.config.loading import apply_overrides, load_config
-from hwplace.config.section import cluster_section, parse_cluster_config
 from hwplace.contracts.capabilities import Leases, require
 from hwplace.contracts.hardware import Device
 from hwplace.foundation.errors import ConfigError, HwplaceError, PlacementError, PluginError
@@ -51,8 +55,8 @@ def _show_error(error: HwplaceError, err: TextIO) -> None:
 
 
 def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    config = load_config(args.config)
-    section = cluster_section(config)
+    config = parse_job_config(args.config)
+    section = config.cluster
     if args.nodes is not None:
         # argparse turns the value '--' into an empty list: take it as the text it was
         counts, types = parse_nodes(args.nodes if isinstance(args.nodes, str) else "--")
@@ -74,7 +78,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             err.write("hwplace: note: no accelerator was detected on this machine; plan against a declared "
                       "inventory instead, such as --nodes 2x8 or --nodes 2x8:cuda\n")
         raise
-    syncs = sync_plans(config, plan)
+    syncs = sync_plans(config.weight_sync, plan)
     if args.json:
         json.dump({**plan_json(plan), **({"weight_sync": sync_plans_json(syncs)} if syncs else {})}, out, indent=2,
                   default=safe_repr)
@@ -89,8 +93,9 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.summary is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.summary))):
         raise ConfigError("--summary", "names a file in a folder that does not exist", value=args.summary,
                           allowed="a file in an existing folder (it is written when the job returns)")
-    config = apply_overrides(load_config(args.config), args.overrides)
-    config.setdefault("job", {})  # a config without one is named as job.entrypoint's problem, with the forms
+    raw = apply_overrides(load_config(args.config), args.overrides)
+    raw.setdefault("job", {})  # a config without one is named as job.entrypoint's problem, with the forms
+    config = parse_job_config(raw)
     counts = None
     if args.nodes is not None:
         counts, types = parse_nodes(args.nodes if isinstance(args.nodes, str) else "--")
@@ -159,7 +164,7 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     elsewhere: list[int] = []
     node_rank = 0
     if args.config is not None:
-        config = parse_cluster_config(cluster_section(load_config(args.config)), plugin_manager=manager)
+        config = parse_job_config(args.config, plugin_manager=manager).cluster
         node_rank = _node_rank(args, config.num_nodes)
         declared = config.declared_configs(node_rank)
         elsewhere = [r for r in range(config.num_nodes) if r != node_rank and config.declared_configs(r)]

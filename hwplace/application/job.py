@@ -1,7 +1,9 @@
 """Jobs: a config whose ``job.entrypoint`` names the function that runs it, as ``hwplace run`` starts it.
 
-The entry point is called with a :class:`Job`: the loaded config, the connected cluster and its
-component placement, with helpers to read the job's own settings and to launch components.
+The config is parsed once into a :class:`~hwplace.JobConfig` (or given as one), which the offline check, the
+``Cluster`` and ``ComponentPlacement`` all receive. The entry point is called with a :class:`Job`: the config,
+the connected cluster and its component placement, with helpers to read the job's own settings and to launch
+components.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ from types import SimpleNamespace
 from typing import Any, TextIO, TypeVar
 
 from hwplace.application.report import print_cluster, print_plan, print_sync_plans, sync_plans
-from hwplace.config.loading import load_config
-from hwplace.config.section import cluster_section, parse_cluster_config
+from hwplace.config.job_config import JobConfig, parse_job_config
 from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.wording import did_you_mean, plural, safe_repr
 from hwplace.inventory.cluster import Cluster
@@ -37,10 +38,11 @@ W = TypeVar("W", bound=Worker)
 
 
 class Job:
-    """What a job's entry point receives: ``config``, ``cluster`` and ``placement``, plus helpers."""
+    """What a job's entry point receives: ``config`` (the whole file, a plain dict of its own), ``cluster`` and
+    ``placement``, plus helpers."""
 
-    def __init__(self, config: Mapping[str, Any], cluster: Cluster, placement: ComponentPlacement) -> None:
-        self.config = dict(config)
+    def __init__(self, config: Mapping[str, Any] | JobConfig, cluster: Cluster, placement: ComponentPlacement) -> None:
+        self.config = config.to_dict() if isinstance(config, JobConfig) else dict(config)
         self.cluster = cluster
         self.placement = placement
         self.groups: dict[str, WorkerGroup] = {}  # launched through this job, in launch order
@@ -165,7 +167,7 @@ def _simulated(counts: list[int] | None, executor: str) -> Iterator[None]:
 
 
 def run_job(
-    config: str | os.PathLike[str] | Mapping[str, Any] | Any,
+    config: str | os.PathLike[str] | Mapping[str, Any] | JobConfig | Any,
     *,
     accelerators_per_node: int | Sequence[int] | None = None,
     base: str | os.PathLike[str] | None = None,
@@ -175,17 +177,18 @@ def run_job(
 
     With ``accelerators_per_node`` (one count per node, or an int for one node), the job runs on a throwaway
     local Ray cluster of that shape with fake accelerators, checked against that inventory before Ray
-    starts; otherwise on the cluster ``cluster:`` describes. A relative ``job.entrypoint`` file is read
+    starts; otherwise on the cluster ``cluster:`` describes. ``config`` is parsed once, before anything starts
+    (a :class:`~hwplace.JobConfig` is used as it is). A relative ``job.entrypoint`` file is read
     from ``base``: by default the config file's folder, or the working directory for a mapping. Every group
     the entry point launched through the :class:`Job` is shut down when it returns or raises. It prints the
     cluster it joined (address and nodes) and the plan before calling the entry point. A config file names the
     job (``hwplace status``): ``pipeline.yaml`` runs as job ``pipeline``. Returns what the entry point returns.
     """
-    loaded = load_config(config)
-    cluster_config = parse_cluster_config(cluster_section(loaded))  # parsed once: every mistake before anything starts
+    job_config = config if isinstance(config, JobConfig) else parse_job_config(config)  # every mistake, up front
+    cluster_config = job_config.cluster
     if base is None:
         base = Path(os.fsdecode(config)).parent if isinstance(config, str | os.PathLike) else Path.cwd()
-    entry = load_entrypoint(loaded, Path(base))
+    entry = load_entrypoint(job_config.raw, Path(base))
     counts = None
     if accelerators_per_node is not None:
         counts = [accelerators_per_node] if isinstance(accelerators_per_node, int) else list(accelerators_per_node)
@@ -197,17 +200,18 @@ def run_job(
                               f"is {cluster_config.num_nodes}", value=accelerators_per_node,
                               allowed=f"at least {cluster_config.num_nodes} nodes")
         simulated = fake_cluster(cluster_config, num_nodes=len(counts), accelerators_per_node=counts)
-        sync_plans(loaded, ComponentPlacement(cluster_config, simulated))  # weight_sync: checked too
+        sync_plans(job_config.weight_sync, ComponentPlacement(job_config, simulated))  # source ranks: checked too
         cluster_config = replace(cluster_config, address=None)  # the simulated cluster is the local one
+        job_config = replace(job_config, cluster=cluster_config)
     job_name = Path(os.fsdecode(config)).stem if isinstance(config, str | os.PathLike) else None
     with _simulated(counts, cluster_config.executor):
         cluster = Cluster(cluster_cfg=cluster_config, job_name=job_name)
         print_cluster(cluster, out or sys.stdout)
-        placement = ComponentPlacement(cluster_config, cluster)
-        syncs = sync_plans(loaded, placement)
+        placement = ComponentPlacement(job_config, cluster)
+        syncs = sync_plans(job_config.weight_sync, placement)
         print_plan(placement, out or sys.stdout)
         print_sync_plans(syncs, out or sys.stdout)
-        job = Job(loaded, cluster, placement)
+        job = Job(job_config, cluster, placement)
         try:
             return entry(job)
         finally:

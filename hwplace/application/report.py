@@ -6,16 +6,17 @@ Imports the layers below; the CLI and the job runner both use it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from hwplace.config.weight_sync import SyncSpec
 from hwplace.contracts.records import Placement
 from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.wording import plural
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
 from hwplace.planning.sharing import shared_accelerators
-from hwplace.planning.sync_plan import SyncSpec, SyncTarget, parse_weight_sync, plan_sync
+from hwplace.planning.sync_plan import SyncTarget, plan_sync
 
 SyncPlans = list[tuple[SyncSpec, int, tuple[SyncTarget, ...]]]  # each sync, its source's node, its targets
 
@@ -95,11 +96,10 @@ def plan_json(plan: ComponentPlacement) -> dict[str, Any]:
     }
 
 
-def sync_plans(config: Any, plan: ComponentPlacement) -> SyncPlans:
-    """The plan of each entry of the config's top-level ``weight_sync:`` section (none when it has none)."""
-    section = config.get("weight_sync") if isinstance(config, Mapping) else None
+def sync_plans(specs: Sequence[SyncSpec], plan: ComponentPlacement) -> SyncPlans:
+    """The plan of each parsed ``weight_sync:`` entry (``JobConfig.weight_sync``) on ``plan``'s placements."""
     plans = []
-    for spec in parse_weight_sync(section, plan.components):
+    for spec in specs:
         sources = plan.get_placements(spec.source)
         if spec.source_rank >= len(sources):
             raise ConfigError(f"weight_sync.{spec.name}.source_rank", f"component {spec.source!r} has ranks "

@@ -1,4 +1,10 @@
-"""``ComponentPlacement``: every component of ``cluster.component_placement``, resolved and checked at once."""
+"""``ComponentPlacement``: every component of ``cluster.component_placement``, resolved and checked at once.
+
+It plans from the :class:`~hwplace.JobConfig` it is given (or a ``ClusterConfig``); only a raw config (a path,
+a mapping, an OmegaConf object) is parsed here, once. Each component's strategy is a planned one: it holds the
+placements made here as an immutable :class:`~hwplace.planning.strategies.Plan`. Imports the layers below and
+the other modules of :mod:`hwplace.planning`.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hwplace.config.grammar import ResolvedEntry, parse_placement, resolve_placement
-from hwplace.config.loading import load_config
+from hwplace.config.job_config import JobConfig, parse_job_config
 from hwplace.config.records import ClusterConfig, ComponentSpec, NodeGroup
-from hwplace.config.section import cluster_section, parse_cluster_config
 from hwplace.contracts.records import Placement
 from hwplace.foundation.errors import ConfigError, PlacementError
 from hwplace.foundation.wording import did_you_mean, plural, safe_repr
@@ -21,17 +26,23 @@ from hwplace.planning.strategies import FlexiblePlacementStrategy, NodePlacement
 
 
 class ComponentPlacement:
-    """Parses ``cluster.component_placement`` of a whole config against a cluster.
+    """Places every component of ``cluster.component_placement`` of a job config on a cluster.
 
-    Every component is placed when this object is built, so every mistake surfaces here as a
-    :class:`~hwplace.PlacementError` naming the component and quoting the entry, not at launch.
+    ``config`` is a parsed :class:`~hwplace.JobConfig` or ``ClusterConfig``, used as it is, or a whole config
+    (a YAML path, a mapping, an OmegaConf object), parsed with :func:`~hwplace.parse_job_config`. ``job`` is the
+    job config planned from (a ``ClusterConfig`` alone makes one without other sections), ``config`` its
+    ``cluster:`` record. Every component is placed when this object is built, so every mistake surfaces here as
+    a :class:`~hwplace.PlacementError` naming the component and quoting the entry, not at launch.
     """
 
     def __init__(
-        self, config: str | os.PathLike[str] | Mapping[str, Any] | ClusterConfig | Any, cluster: Cluster
+        self, config: str | os.PathLike[str] | Mapping[str, Any] | JobConfig | ClusterConfig | Any, cluster: Cluster
     ) -> None:
-        self.config: ClusterConfig = config if isinstance(config, ClusterConfig) else parse_cluster_config(
-            cluster_section(load_config(config)), plugin_manager=cluster.plugin_manager)
+        if isinstance(config, ClusterConfig):
+            config = JobConfig(config)
+        self.job: JobConfig = config if isinstance(config, JobConfig) else parse_job_config(
+            config, plugin_manager=cluster.plugin_manager)
+        self.config: ClusterConfig = self.job.cluster
         if self.config.device_declarations() != cluster.config.device_declarations():
             raise ConfigError("cluster.node_groups", "declare devices other than the ones the cluster was built "
                               "with, so the cluster has not detected them",
@@ -42,7 +53,7 @@ class ComponentPlacement:
         if not self.config.components:
             raise ConfigError("cluster.component_placement", "is missing or empty: no component to place")
         self.cluster = cluster
-        self._strategies: dict[str, PlacementStrategy] = {}  # built on first use: planning never needs them
+        self._strategies: dict[str, PlacementStrategy] = {}  # planned on first use: planning never needs them
         self._lists: dict[str, tuple[list[Sequence[int]], bool, list[NodeGroup]]] = {}
         self._placements: dict[str, list[Placement]] = {}
         spaces: dict[tuple[str, ...], ResourceSpace] = {}
@@ -91,14 +102,17 @@ class ComponentPlacement:
                                       f"{did_you_mean(str(name), self._placements)}")
 
     def get_strategy(self, name: str) -> PlacementStrategy:
-        """The strategy that places component ``name``: Flexible on hardware groups, Node on node groups."""
+        """The strategy that places component ``name``: Flexible on hardware groups, Node on node groups.
+
+        It is planned on this cluster: immutable, it holds the placements made here, which ``get_placement``
+        returns there (accelerators isolated) without building them again.
+        """
         self._known(name)
         if name not in self._strategies:
             lists, node_kind, groups = self._lists[name]
             strategy = (NodePlacementStrategy([ids[0] for ids in lists], node_group=groups)
                         if node_kind else FlexiblePlacementStrategy(lists, node_group=groups))
-            strategy.planned = (self.cluster, tuple(self._placements[name]))
-            self._strategies[name] = strategy
+            self._strategies[name] = strategy.planned_on(self.cluster, self._placements[name])
         return self._strategies[name]
 
     def get_world_size(self, name: str) -> int:

@@ -1,9 +1,16 @@
-"""Placement strategies: Packed, Flexible and Node. Each yields one :class:`Placement` per process."""
+"""Placement strategies: Packed, Flexible and Node. Each yields one :class:`Placement` per process.
+
+A strategy that ``ComponentPlacement`` planned is a value: :meth:`PlacementStrategy.planned_on` makes a copy
+that holds the placements made as a frozen :class:`Plan` and refuses every later change, so a stored plan
+cannot be altered by a caller. Imports the layers below and the other modules of :mod:`hwplace.planning`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import copy
+from collections.abc import Iterable, Sequence
+from dataclasses import FrozenInstanceError, dataclass
+from typing import Any, TypeVar
 
 from hwplace.config.records import NodeGroup
 from hwplace.contracts.records import Placement
@@ -14,6 +21,7 @@ from hwplace.planning.placements import build_placements, gc_paused
 from hwplace.planning.resources import ResourceSpace, resource_space
 
 GroupSelection = str | NodeGroup | Sequence[str | NodeGroup] | None
+S = TypeVar("S", bound="PlacementStrategy")
 
 
 def _count(value: Any, name: str, *, minimum: int) -> int:
@@ -24,13 +32,24 @@ def _count(value: Any, name: str, *, minimum: int) -> int:
     return value
 
 
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """The placements a strategy was planned to on one cluster (accelerators isolated), in rank order."""
+
+    cluster: Cluster
+    placements: tuple[Placement, ...]
+
+
 class PlacementStrategy:
-    """Base class: resolves the node group selection against a cluster and builds the placements."""
+    """Base class: resolves the node group selection against a cluster and builds the placements.
+
+    A planned strategy (:meth:`planned_on`, what ``ComponentPlacement.get_strategy`` returns) is immutable:
+    setting or deleting any attribute raises ``dataclasses.FrozenInstanceError``.
+    """
 
     default_group = "cluster"
     nodes_only = False
-    planned: tuple[Cluster, tuple[Placement, ...]] | None = None
-    """The placements ``ComponentPlacement`` already made with this strategy (isolated), and on which cluster."""
+    _plan: Plan | None = None
 
     def __init__(self, node_group: GroupSelection = None) -> None:
         if node_group is None:
@@ -50,6 +69,32 @@ class PlacementStrategy:
         if not self.node_group:
             raise PlacementError("node_group names no group")
 
+    @property
+    def planned(self) -> Plan | None:
+        """The placements ``ComponentPlacement`` made with this strategy, and on which cluster; ``None`` for a
+        strategy that was not planned."""
+        return self._plan
+
+    def planned_on(self: S, cluster: Cluster, placements: Iterable[Placement]) -> S:
+        """A frozen copy of this strategy holding ``placements``: what it yields on ``cluster``, accelerators
+        isolated, returned by :meth:`get_placement` there without building them again. This strategy is left
+        as it is."""
+        planned = copy.copy(self)
+        object.__setattr__(planned, "_plan", Plan(cluster, tuple(placements)))
+        return planned
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._plan is not None:
+            raise FrozenInstanceError(f"cannot assign to {name!r}: {type(self).__name__} is planned, and a planned "
+                                      "strategy is immutable (build a new strategy to place otherwise)")
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if self._plan is not None:
+            raise FrozenInstanceError(f"cannot delete {name!r}: {type(self).__name__} is planned, and a planned "
+                                      "strategy is immutable")
+        super().__delattr__(name)
+
     def groups(self, cluster: Cluster) -> list[NodeGroup]:
         """The node groups this strategy selects, resolved on ``cluster`` (labels looked up in its config)."""
         return [g if isinstance(g, NodeGroup) else cluster.config.group(g) for g in self.node_group]
@@ -62,8 +107,8 @@ class PlacementStrategy:
         """One :class:`Placement` per process, in rank order."""
         if not isinstance(isolate_accelerator, bool):
             raise PlacementError(f"isolate_accelerator must be True or False, got {safe_repr(isolate_accelerator)}")
-        if isolate_accelerator and self.planned is not None and self.planned[0] is cluster:
-            return list(self.planned[1])
+        if isolate_accelerator and self._plan is not None and self._plan.cluster is cluster:
+            return list(self._plan.placements)
         with gc_paused():
             space = self.resource_space(cluster)
             return build_placements(cluster, space, self.resource_lists(space), isolate_accelerator)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +16,10 @@ from hypothesis import strategies as st
 
 import hwplace
 from hwplace.application.cli import main
+from hwplace.application.report import plan_json, sync_plans, sync_plans_json
+from hwplace.config.section import cluster_section
+from hwplace.config.weight_sync import parse_weight_sync
+from hwplace.foundation.wording import safe_repr
 from hwplace.inventory.offline import parse_nodes
 from hwplace.testing import registered_plugin
 
@@ -418,3 +423,17 @@ def test_plan_refuses_a_weight_sync_naming_an_unknown_component(tmp_path: Path) 
     assert code == 2
     assert "weight_sync.policy.targets[0]: 'rolout' is not a component" in err
     assert "did you mean 'rollout'?" in err
+
+
+def test_plan_parses_the_file_once_and_plans_as_component_placement_does_from_the_record(
+        tmp_path: Path, count_calls: Any) -> None:
+    path = write(tmp_path, WEIGHT_SYNC % "rollout")
+    watched = (hwplace.parse_job_config, hwplace.load_config, cluster_section, parse_weight_sync)
+    with count_calls(*watched) as calls:
+        code, out, err = run("plan", path, "--nodes", "2x4", "--json")
+    assert (code, err) == (0, "")
+    assert calls.of == dict.fromkeys(watched, 1)
+    job = hwplace.parse_job_config(path)
+    plan = hwplace.ComponentPlacement(job, hwplace.testing.fake_cluster(job.cluster, accelerators_per_node=4))
+    expected = {**plan_json(plan), "weight_sync": sync_plans_json(sync_plans(job.weight_sync, plan))}
+    assert json.loads(out) == json.loads(json.dumps(expected, default=safe_repr))

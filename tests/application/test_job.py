@@ -18,6 +18,8 @@ import hwplace
 from hwplace.application.cli import _jsonable, main
 from hwplace.application.job import Job, load_entrypoint
 from hwplace.config.loading import apply_overrides
+from hwplace.config.section import cluster_section
+from hwplace.config.weight_sync import parse_weight_sync
 from hwplace.testing import fake_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -322,3 +324,40 @@ def test_a_summary_writes_records_sets_and_scalars_as_json() -> None:
     assert _jsonable({3, 1, 2}) == [1, 2, 3]
     assert _jsonable(numpy.float32(0.25)) == 0.25
     assert _jsonable(object()).startswith("<object object at")
+
+
+# -- the parsed config --------------------------------------------------------------------------------
+
+
+def test_a_job_built_from_a_job_config_holds_a_plain_copy_of_its_own() -> None:
+    parsed = hwplace.parse_job_config({"job": {"steps": 5, "layers": [1, 2]}, "model": {"lr": 0.1},
+                                       "cluster": {"num_nodes": 1, "component_placement": {"a": "0"}}})
+    cluster = fake_cluster(parsed.cluster, accelerators_per_node=1)
+    job = Job(parsed, cluster, hwplace.ComponentPlacement(parsed, cluster))
+    assert job.config == parsed.to_dict()
+    assert job.settings(steps=1, layers=[0]).layers == [1, 2]  # a list, as the file wrote it
+    job.config["job"]["steps"] = 6
+    assert parsed.raw["job"]["steps"] == 5
+
+
+def test_run_parses_the_config_once_before_anything_starts(tmp_path: Path, count_calls: Any) -> None:
+    write(tmp_path, "entry.py", "def main(job):\n    pass\n")
+    config = write(tmp_path, "job.yaml", """\
+        job: {entrypoint: entry.py:main, steps: 1}
+        cluster: {num_nodes: 1, component_placement: {trainer: 0, rollout: 1-3}}
+        weight_sync: {policy: {source: trainer, targets: rollout}}
+        """)
+    watched = (hwplace.parse_job_config, cluster_section, parse_weight_sync)
+    with count_calls(*watched) as calls:  # the simulated inventory is too small: refused before Ray starts
+        code, _, err = run_cli(str(config), "--nodes", "1x2", "job.steps=3")
+    assert code == 2
+    assert "component 'rollout', entry '1-3'" in err
+    assert calls.of == dict.fromkeys(watched, 1)
+
+
+def test_run_job_takes_a_job_config_as_it_is(count_calls: Any) -> None:
+    parsed = hwplace.parse_job_config(GRPO / "grpo.yaml")
+    with count_calls(hwplace.parse_job_config, cluster_section) as calls, \
+            pytest.raises(hwplace.PlacementError, match=r"component 'trainer', entry '2-3'"):
+        hwplace.run_job(parsed, accelerators_per_node=2, base=GRPO)
+    assert set(calls.of.values()) == {0}  # used as it is

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 import hwplace
+from hwplace.config.section import cluster_section
+from hwplace.config.weight_sync import SyncSpec
 from hwplace.testing import fake_cluster, registered_plugin
 
 ROBOT_GROUP = {
@@ -777,10 +779,63 @@ def test_a_components_strategy_hands_back_what_component_placement_planned() -> 
         assert planned == plan.get_placements(name)
         assert strategy.get_placement(cluster) is not planned  # a fresh list each time
         assert planned[0] is plan.get_placements(name)[0]  # the records themselves are reused, not rebuilt
-        strategy.planned = None
-        assert strategy.get_placement(cluster) == planned  # rebuilt: the same placements
+        with pytest.raises(dataclasses.FrozenInstanceError, match=r"a planned strategy is immutable"):
+            strategy.planned = None  # type: ignore[misc]  # the plan cannot be dropped
+        unplanned: hwplace.PlacementStrategy
+        if isinstance(strategy, hwplace.NodePlacementStrategy):
+            unplanned = hwplace.NodePlacementStrategy(strategy.node_ranks, node_group=strategy.node_group)
+        else:
+            assert isinstance(strategy, hwplace.FlexiblePlacementStrategy)
+            unplanned = hwplace.FlexiblePlacementStrategy(strategy.accelerator_id_lists, node_group=strategy.node_group)
+        assert unplanned.planned is None
+        assert unplanned.get_placement(cluster) == planned  # rebuilt: the same placements
     other = hwplace.testing.fake_cluster(cfg["cluster"], accelerators_per_node=4)
     actor = plan.get_strategy("actor")
     assert actor.get_placement(other)[0] is not plan.get_placements("actor")[0]  # another cluster: placed anew
     assert [p.visible_accelerators for p in actor.get_placement(cluster, isolate_accelerator=False)][:2] == [
         (0, 1, 2, 3), (0, 1, 2, 3)]
+
+
+# -- the config it plans from --------------------------------------------------------------------------
+
+JOB = {"cluster": {"num_nodes": 1, "component_placement": {"trainer": "0", "rollout": "1-3"}},
+       "weight_sync": {"policy": {"source": "trainer", "targets": "rollout"}}, "job": {"steps": 5}}
+
+
+def test_a_job_config_is_planned_from_as_it_is(count_calls: Any) -> None:
+    job = hwplace.parse_job_config(JOB)
+    cluster = fake_cluster(job.cluster, accelerators_per_node=4)
+    with count_calls(hwplace.parse_job_config, hwplace.load_config, hwplace.parse_cluster_config) as calls:
+        plan = hwplace.ComponentPlacement(job, cluster)
+    assert set(calls.of.values()) == {0}  # nothing read or checked again
+    assert (plan.job, plan.config) == (job, job.cluster)
+    assert plan.job is job
+    assert plan.config is job.cluster
+    assert plan.job.weight_sync == (SyncSpec("policy", "trainer", ("rollout",)),)
+    from_mapping = hwplace.ComponentPlacement(JOB, cluster)
+    assert from_mapping.job == job
+    for name in plan.components:
+        assert plan.get_placements(name) == from_mapping.get_placements(name)
+        assert plan.get_strategy(name).get_placement(cluster) == plan.get_placements(name)
+
+
+def test_a_raw_config_is_parsed_once_and_a_cluster_config_not_at_all(count_calls: Any) -> None:
+    job = hwplace.parse_job_config(JOB)
+    cluster = fake_cluster(job.cluster, accelerators_per_node=4)
+    watched = (hwplace.parse_job_config, hwplace.load_config, cluster_section)
+    with count_calls(*watched) as calls:
+        plan = hwplace.ComponentPlacement(JOB, cluster)
+    assert calls.of == dict.fromkeys(watched, 1)
+    assert plan.config == job.cluster
+    with count_calls(*watched) as calls:
+        plan = hwplace.ComponentPlacement(job.cluster, cluster)
+    assert set(calls.of.values()) == {0}
+    assert plan.config is job.cluster
+    assert plan.job == hwplace.JobConfig(job.cluster)  # a cluster: section alone: no other section
+
+
+def test_a_raw_config_gets_the_errors_of_the_job_file_parser() -> None:
+    cluster = fake_cluster({"num_nodes": 1}, accelerators_per_node=4)
+    with pytest.raises(hwplace.ConfigError, match=r"^weight_sync\.policy\.targets\[0\]: 'rolout' is not a "):
+        hwplace.ComponentPlacement({**JOB, "weight_sync": {"policy": {"source": "trainer", "targets": ["rolout"]}}},
+                                   cluster)

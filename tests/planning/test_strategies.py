@@ -472,6 +472,48 @@ def test_component_strategy_is_built_once_and_reproduces_the_placements() -> Non
     assert agent.get_placement(cluster) == placement.get_placements("agent")
 
 
+def test_a_planned_strategy_is_an_immutable_value() -> None:
+    section = {"num_nodes": 1, "component_placement": {"actor": "0-1", "agent": {"node_group": "node",
+                                                                                 "placement": "0:0-1"}}}
+    cluster = cluster_of([2])
+    placement = hwplace.ComponentPlacement({"cluster": section}, cluster)
+    for name in placement.components:
+        strategy = placement.get_strategy(name)
+        plan = strategy.planned
+        assert plan is not None
+        assert plan.cluster is cluster
+        assert plan.placements == tuple(placement.get_placements(name))
+        for attribute in ("planned", "_plan", "node_group", "accelerator_id_lists", "node_ranks", "anything"):
+            with pytest.raises(dataclasses.FrozenInstanceError, match=r"a planned strategy is immutable"):
+                setattr(strategy, attribute, None)
+        for attribute in ("_plan", "node_group"):
+            with pytest.raises(dataclasses.FrozenInstanceError, match=r"a planned strategy is immutable"):
+                delattr(strategy, attribute)
+        with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'placements'"):
+            plan.placements = ()  # type: ignore[misc]
+        handed = strategy.get_placement(cluster)
+        handed.clear()  # the caller's own list
+        assert strategy.get_placement(cluster) == placement.get_placements(name)
+        assert strategy.planned is plan
+        assert copy.copy(strategy).planned is plan  # a copy is planned, hence frozen, too
+        with pytest.raises(dataclasses.FrozenInstanceError, match=r"a planned strategy is immutable"):
+            copy.copy(strategy).node_group = ("cluster",)
+
+
+def test_planning_a_strategy_copies_it_and_leaves_it_as_it_was() -> None:
+    cluster = cluster_of([2])
+    strategy = hwplace.FlexiblePlacementStrategy([[1], [0]])
+    placements = strategy.get_placement(cluster)
+    planned = strategy.planned_on(cluster, placements)
+    assert (strategy.planned, type(planned), planned.accelerator_id_lists) == (None, type(strategy), ((1,), (0,)))
+    strategy.accelerator_id_lists = ((0,),)  # a strategy nobody planned stays an ordinary object
+    assert planned.accelerator_id_lists == ((1,), (0,))
+    assert planned.planned is not None
+    assert planned.planned.placements == tuple(placements)
+    assert planned.get_placement(cluster)[0] is placements[0]  # on its cluster: the plan, not rebuilt
+    assert planned.get_placement(cluster_of([2])) == placements  # elsewhere: placed anew
+
+
 @pytest.mark.parametrize(
     ("text", "reason"),
     [

@@ -7,10 +7,12 @@ import io
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hwplace.application.cli import main
+from hwplace.config.job_config import parse_job_config
 from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 pytestmark = pytest.mark.time_limit(120)
@@ -41,7 +43,8 @@ def test_run_reports_a_failed_job_with_exit_code_1(hwplace_local_ray: LocalRay, 
     assert main(["run", str(tmp_path / "job.yaml")], io.StringIO(), io.StringIO()) == 1
 
 
-def test_run_writes_what_the_entry_point_returns_as_a_summary(hwplace_local_ray: LocalRay, tmp_path: Path) -> None:
+def test_run_writes_what_the_entry_point_returns_as_a_summary(hwplace_local_ray: LocalRay, tmp_path: Path,
+                                                              count_calls: Any) -> None:
     (tmp_path / "counting.py").write_text(textwrap.dedent("""
         import hwplace
 
@@ -57,7 +60,9 @@ def test_run_writes_what_the_entry_point_returns_as_a_summary(hwplace_local_ray:
                                        "cluster: {num_nodes: 2, component_placement: {counter: {node_group: node, "
                                        "placement: '0-1'}}}\n")
     out = io.StringIO()
-    assert main(["run", str(tmp_path / "job.yaml"), "job.n=3", "--summary", str(tmp_path / "s.json")], out,
-                io.StringIO()) == 0
+    with count_calls(parse_job_config) as calls:
+        assert main(["run", str(tmp_path / "job.yaml"), "job.n=3", "--summary", str(tmp_path / "s.json")], out,
+                    io.StringIO()) == 0
+    assert calls.of[parse_job_config] == 1  # the config, overrides applied, is parsed once and handed on
     assert json.loads((tmp_path / "s.json").read_text()) == {
         "results": [{"rank": 0, "counted": [0, 1, 2]}, {"rank": 1, "counted": [0, 1, 2]}], "ranks": [0, 1]}
