@@ -1,6 +1,6 @@
-"""Helpers for testing hwplace and hwplace plugins: offline clusters, a local Ray cluster, throwaway plugin
-registration, and ``BackendConformance``, the conformance kit for backend authors (it needs pytest, so it is
-loaded when first used).
+"""Helpers for testing hwplace and hwplace plugins: offline clusters, a local Ray cluster, throwaway plugins
+(``backend_plugin``) and their registration, and ``BackendConformance``, the conformance kit for backend
+authors (it needs pytest, so it is loaded when first used).
 
 The top of the core: nothing but the tests and the package face imports it.
 """
@@ -16,11 +16,13 @@ from hwplace.foundation.errors import PluginError
 from hwplace.inventory.offline import FAKE_ACCELERATOR, fake_cluster
 from hwplace.plugin.manager import PluginManager, get_plugin_manager
 from hwplace.runtime.local_cluster import local_ray_cluster
+from hwplace.testing.plugins import backend_plugin
 
 __all__ = [
     "FAKE_ACCELERATOR",
     "ODD_CONFIGS",
     "BackendConformance",
+    "backend_plugin",
     "fake_cluster",
     "local_ray_cluster",
     "registered_plugin",

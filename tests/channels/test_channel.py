@@ -717,16 +717,11 @@ def test_a_worker_makes_its_channels_through_its_own_executor(executor: ProcessE
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from hwplace.contracts.records import WorkerContext
     from hwplace.runtime.hosting import start_worker
-    from hwplace.testing import fake_cluster, registered_plugin
-
-    class Plugin:
-        @hwplace.hookimpl
-        def hwplace_executors(self) -> list[hwplace.Executor]:
-            return [executor]
+    from hwplace.testing import backend_plugin, fake_cluster, registered_plugin
 
     monkeypatch.setattr(executor_module, "_current", [])
     placement = hwplace.NodePlacementStrategy([0]).get_placement(fake_cluster(num_nodes=1))[0]
-    with registered_plugin(Plugin(), "process-executor"):
+    with registered_plugin(backend_plugin(executor), "process-executor"):
         worker = start_worker(lambda: Member, WorkerContext("solo", 0, 1, placement, {}, "process"), (), {})
         assert isinstance(worker, Member)
         name = f"solo{next(_names)}"
