@@ -147,7 +147,7 @@ class GroupEntry:
 
 @dataclass(frozen=True)
 class ChannelAddress:
-    """Where a channel's host serves (a :class:`ChannelServer`) and how to reach it; it pickles.
+    """Where a channel's host serves (a :class:`~hwplace.executor.ChannelServer`) and how to reach it; it pickles.
 
     ``where`` describes the host's place for messages (``"node 10.0.0.2"``).
     """
@@ -189,7 +189,7 @@ class Executor:
         raise NotImplementedError(f"{type(self).__name__}.start_group")
 
     def create_channel(self, name: str, maxsize: int, group: str | None, rank: int) -> ChannelAddress:
-        """Start the host of a new channel, serving a :class:`ChannelServer`, and return its address.
+        """Start the host of a new channel, serving a :class:`~hwplace.executor.ChannelServer`, and return its address.
 
         The host runs on the node of ``group``'s worker ``rank``, or on this process's node when ``group`` is
         ``None``. A name in use is a ``ConfigError``.
@@ -203,7 +203,8 @@ class Executor:
     def turn_arbiter(self, placement: Placement) -> TurnAddress | None:
         """In a worker process: the turn arbiter of the worker's node, or ``None`` when there is none (no group
         shares an accelerator there; ``turn()`` then costs nothing). An executor that starts groups whose
-        placements share accelerators with other groups runs a :class:`TurnServer` on each such node."""
+        placements share accelerators with other groups runs a :class:`~hwplace.executor.TurnServer` on each
+        such node."""
         return None
 
     def find_group(self, name: str) -> GroupEntry | None:
