@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import signal
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from limits import alarm
 
 from hwplace.plugin import manager as plugin_manager
 from hwplace.testing import Session, swapped_session
@@ -83,17 +83,8 @@ def _time_limit(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
         return
     seconds = int(marker.args[0])
-
-    def expire(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"the test took over {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
+    with alarm(seconds, lambda: TimeoutError(f"the test took over {seconds} s")):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture

@@ -35,7 +35,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from limits import alarm
 
 import hwplace
 
@@ -259,18 +259,8 @@ def process_env(cwd: Path, extra: dict[str, str]) -> dict[str, str]:
 def time_limit(seconds: int, what: str) -> Iterator[None]:
     """Raises DocTimeout in the main thread after ``seconds``, and every 10 s after that until the block ends
     (doctest catches everything, so one alarm may be spent on one example)."""
-
-    def expire(signum: int, frame: Any) -> None:
-        signal.alarm(10)
-        raise DocTimeout(f"{what} took over {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
+    with alarm(seconds, lambda: DocTimeout(f"{what} took over {seconds} s"), again_every=10):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 class DocRun:

@@ -2,7 +2,7 @@
 
 ``hwplace.Channel.create(name)`` (or ``self.create_channel(name)`` in a worker) starts the host through the
 cluster's executor; ``Channel.connect(name)`` finds it. A channel pickles, so it can be passed to worker
-methods. Each process talks to a channel's host over one direct connection (:mod:`hwplace.channel_wire`);
+methods. Each process talks to a channel's host over one direct connection (:mod:`hwplace.channels.wire`);
 items larger than :data:`INLINE_LIMIT` bytes travel through the executor's object store by reference.
 """
 

@@ -1,4 +1,4 @@
-"""A channel's host: an asyncio server around one :class:`WeightedQueues`, speaking :mod:`hwplace.channel_wire`.
+"""A channel's host: an asyncio server around one :class:`WeightedQueues`, speaking :mod:`hwplace.channels.wire`.
 
 Timeouts run here, on the host, so a request that timed out has not happened, and one that succeeded is
 never reported late. An executor runs a :class:`ChannelServer` on the event loop of each channel's host.

@@ -2,7 +2,7 @@
 
 Requests and replies travel over one TCP connection per process and channel, as length-prefixed frames;
 each request carries an id and its reply carries it back, so calls can be pipelined and each caller gets
-exactly its own reply. The host (:mod:`hwplace.channel_server`) never unpickles an item: payloads are
+exactly its own reply. The host (:mod:`hwplace.channels.server`) never unpickles an item: payloads are
 opaque bytes to it.
 """
 

@@ -87,7 +87,7 @@ class Worker:
 
         First come, first served; re-entrant; released if this worker dies. ``onload()`` (if defined) runs on
         entering after another group's turn, ``offload()`` on leaving while another group waits. An elapsed
-        ``timeout`` raises ``TimeoutError``. See docs/rl-turns.md.
+        ``timeout`` raises ``TimeoutError``. See docs/rl.md, "Turns on shared accelerators".
         """
         turns = self.__dict__.get("_hwplace_turns")
         if turns is None:

@@ -1,6 +1,6 @@
-"""Helpers for testing hwplace and hwplace plugins: offline clusters, a local Ray cluster, throwaway plugin
-registration, and ``BackendConformance``, the conformance kit for backend authors (it needs pytest, so it is
-loaded when first used).
+"""Helpers for testing hwplace and hwplace plugins: offline clusters, a local Ray cluster, throwaway plugins
+(``backend_plugin``) and their registration, and ``BackendConformance``, the conformance kit for backend
+authors (it needs pytest, so it is loaded when first used).
 
 The top of the core: nothing but the tests and the package face imports it.
 """
@@ -18,12 +18,14 @@ from hwplace.inventory.local import local_cluster
 from hwplace.inventory.offline import fake_cluster
 from hwplace.plugin.manager import PluginManager
 from hwplace.plugin.session import Session, get_plugin_manager, swapped_session
+from hwplace.testing.plugins import backend_plugin
 
 __all__ = [
     "FAKE_ACCELERATOR",
     "ODD_CONFIGS",
     "BackendConformance",
     "Session",
+    "backend_plugin",
     "fake_cluster",
     "local_cluster",
     "local_ray_cluster",

@@ -21,7 +21,7 @@ from hwplace.config.section import cluster_section
 from hwplace.config.weight_sync import parse_weight_sync
 from hwplace.foundation.wording import safe_repr
 from hwplace.inventory.offline import parse_nodes
-from hwplace.testing import registered_plugin
+from hwplace.testing import backend_plugin, registered_plugin
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
@@ -36,12 +36,6 @@ class Tpu(hwplace.HardwareBackend):
 
     def isolation_env(self, devices):
         return {"TPU_VISIBLE_CHIPS": ",".join(str(d.index) for d in devices)}
-
-
-class TpuPlugin:
-    @hwplace.hookimpl
-    def hwplace_hardware_backends(self):
-        return [Tpu()]
 
 
 def run(*argv: str) -> tuple[int, str, str]:
@@ -180,7 +174,7 @@ def test_nodes_inventory_of_another_accelerator_type_uses_its_backend(tmp_path) 
           node_groups: [{label: tpu, node_ranks: 0-1, hardware: {type: test-tpu}}]
           component_placement: {actor: {node_group: tpu, placement: "0-3"}, critic: "0-3"}
     """)
-    with registered_plugin(TpuPlugin(), name="test-tpu-plugin"):
+    with registered_plugin(backend_plugin(Tpu()), name="test-tpu-plugin"):
         code, _, err = run("plan", config, "--nodes", "2x2:test-tpu,1x4:fake-accelerator")
         assert code == 2  # the critic's group 'cluster' has two accelerator types
         assert "accelerators of several types: fake-accelerator, test-tpu" in err
@@ -355,15 +349,9 @@ class AbsentTPU(hwplace.HardwareBackend):
         return hwplace.NoDevices("libtpu is not installed: pip install 'absent-tpu[driver]'")
 
 
-class AbsentTPUPlugin:
-    @hwplace.hookimpl
-    def hwplace_hardware_backends(self):
-        return [AbsentTPU()]
-
-
 def test_hardware_says_why_a_backend_found_nothing(fresh_manager) -> None:
     fresh_manager()
-    with registered_plugin(AbsentTPUPlugin()):
+    with registered_plugin(backend_plugin(AbsentTPU())):
         code, out, err = run("hardware")
         assert code == 0
         assert "absent-tpu        accelerator" in out

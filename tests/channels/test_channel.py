@@ -735,15 +735,10 @@ def test_a_worker_makes_its_channels_through_its_own_executor(executor: ProcessE
     from hwplace import get_plugin_manager
     from hwplace.contracts.records import WorkerContext
     from hwplace.runtime.hosting import start_worker
-    from hwplace.testing import fake_cluster, registered_plugin
-
-    class Plugin:
-        @hwplace.hookimpl
-        def hwplace_executors(self) -> list[hwplace.Executor]:
-            return [executor]
+    from hwplace.testing import backend_plugin, fake_cluster, registered_plugin
 
     placement = hwplace.NodePlacementStrategy([0]).get_placement(fake_cluster(num_nodes=1))[0]
-    with registered_plugin(Plugin(), "process-executor"), \
+    with registered_plugin(backend_plugin(executor), "process-executor"), \
             swapped_session(Session(plugin_manager=get_plugin_manager())) as session:
         worker = start_worker(lambda: Member, WorkerContext("solo", 0, 1, placement, {}, "process"), (), {})
         assert isinstance(worker, Member)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from limits import alarm
 
 import hwplace
 from hwplace.config.grammar import MAX_PROCESSES, ResolvedEntry, parse_placement, resolve_placement
@@ -24,21 +24,8 @@ PER_EXAMPLE_SECONDS = 10
 @contextlib.contextmanager
 def no_hang(seconds: int = PER_EXAMPLE_SECONDS) -> Iterator[None]:
     """Turn a hang into a test failure (where SIGALRM exists, in the main thread)."""
-
-    def on_alarm(signum: int, frame: object) -> None:
-        raise AssertionError(f"no answer within {seconds} s")
-
-    try:
-        previous = signal.signal(signal.SIGALRM, on_alarm)
-    except (AttributeError, ValueError):  # no SIGALRM here, or not the main thread
+    with alarm(seconds, lambda: AssertionError(f"no answer within {seconds} s"), where_possible=True):
         yield
-        return
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # Random strings: characters of the grammar, and tokens of it (which hit valid placements far more often).

@@ -17,7 +17,7 @@ import hwplace
 from hwplace import ClusterConfig, ConfigError, HwplaceError, NodeGroup, load_config, parse_cluster_config
 from hwplace.config.checks import parse_node_ranks
 from hwplace.config.section import cluster_section
-from hwplace.testing import registered_plugin
+from hwplace.testing import backend_plugin, registered_plugin
 
 # -- helpers ----------------------------------------------------------------------------------------
 
@@ -974,12 +974,6 @@ class _OtherDevice(hwplace.HardwareBackend):
         return [hwplace.Device(i, "gripper") for i in range(len(configs))]
 
 
-class _OtherDevicePlugin:
-    @hwplace.hookimpl
-    def hwplace_hardware_backends(self) -> list[hwplace.HardwareBackend]:
-        return [_OtherDevice()]
-
-
 def test_declared_configs_single_type_in_declaration_order() -> None:
     config = parse_cluster_config(section(2, node_groups=[
         robot_group("r", "all", [{"node_rank": 1, "name": "b"}, {"node_rank": 0, "name": "x"},
@@ -1007,7 +1001,7 @@ def test_declared_configs_node_without_devices_is_empty() -> None:
 
 
 def test_declared_configs_group_by_type() -> None:
-    with registered_plugin(_OtherDevicePlugin(), name="test-config-gripper-plugin"):
+    with registered_plugin(backend_plugin(_OtherDevice()), name="test-config-gripper-plugin"):
         config = parse_cluster_config(section(2, node_groups=[
             robot_group("r1", "all", [{"node_rank": 0, "name": "r1-0"}, {"node_rank": 1, "name": "r1-1"}]),
             group("grip", "all", hardware={"type": "test-config-gripper",

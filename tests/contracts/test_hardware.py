@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import hwplace
 from hwplace.contracts.hardware import KINDS, check_backend
 from hwplace.foundation.frozen import FrozenDict
+from hwplace.testing import backend_plugin
 
 # -- check_backend -----------------------------------------------------------------------------------
 
@@ -279,12 +280,7 @@ def test_a_detection_keeps_the_reason_a_backend_gave_for_finding_nothing() -> No
         def detect(self, configs):
             return hwplace.NoDevices("nothing plugged in")
 
-    class Plugin:
-        @hwplace.hookimpl
-        def hwplace_hardware_backends(self):
-            return [Absent()]
-
     manager = hwplace.PluginManager(load_entry_points=False)
-    manager.register(Plugin(), name="absent-plugin")
+    manager.register(backend_plugin(Absent()), name="absent-plugin")
     detection = manager.detect("absent")
     assert (detection.devices, detection.error, detection.absent) == ((), None, "nothing plugged in")

@@ -15,7 +15,7 @@ from hwplace.config.records import ClusterConfig, NodeGroup
 from hwplace.foundation.frozen import FrozenDict
 from hwplace.inventory.detection import detect_node_hardware
 from hwplace.plugin.manager import PluginManager
-from hwplace.testing import fake_cluster, registered_plugin
+from hwplace.testing import backend_plugin, fake_cluster, registered_plugin
 
 
 def gpus(count: int, model: str = "gpu") -> tuple[hwplace.Device, ...]:
@@ -217,18 +217,9 @@ class ListedExecutor(hwplace.Executor):
         return "a list of nodes"
 
 
-class ExecutorPlugin:
-    def __init__(self, executor: hwplace.Executor) -> None:
-        self.executor = executor
-
-    @hwplace.hookimpl
-    def hwplace_executors(self) -> list[hwplace.Executor]:
-        return [self.executor]
-
-
 def test_without_nodes_the_configured_executor_discovers_them(manager: PluginManager) -> None:
     executor = ListedExecutor([node(0), node(1)])
-    with registered_plugin(ExecutorPlugin(executor), name="test-listed", plugin_manager=manager):
+    with registered_plugin(backend_plugin(executor), name="test-listed", plugin_manager=manager):
         cluster = hwplace.Cluster({"num_nodes": 2, "executor": "listed"}, plugin_manager=manager)
     assert [n.node_id for n in cluster.nodes] == ["n0", "n1"]
     [(config, seen_manager)] = executor.seen
@@ -238,7 +229,7 @@ def test_without_nodes_the_configured_executor_discovers_them(manager: PluginMan
 
 def test_discovered_nodes_are_checked_like_given_ones(manager: PluginManager) -> None:
     executor = ListedExecutor([node(1)])
-    with registered_plugin(ExecutorPlugin(executor), name="test-listed", plugin_manager=manager), \
+    with registered_plugin(backend_plugin(executor), name="test-listed", plugin_manager=manager), \
             pytest.raises(hwplace.ConfigError, match="node 'n1' has rank 1 at position 0"):
         hwplace.Cluster({"num_nodes": 1, "executor": "listed"}, plugin_manager=manager)
 

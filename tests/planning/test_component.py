@@ -13,7 +13,7 @@ import pytest
 import hwplace
 from hwplace.config.section import cluster_section
 from hwplace.config.weight_sync import SyncSpec
-from hwplace.testing import fake_cluster, registered_plugin
+from hwplace.testing import backend_plugin, fake_cluster, registered_plugin
 
 ROBOT_GROUP = {
     "label": "robot",
@@ -580,12 +580,6 @@ class OtherAccelerator(hwplace.HardwareBackend):
         return {"OTHER_VISIBLE": ",".join(str(d.index) for d in devices)}
 
 
-class OtherPlugin:
-    @hwplace.hookimpl
-    def hwplace_hardware_backends(self) -> list[hwplace.HardwareBackend]:
-        return [OtherAccelerator()]
-
-
 def two_type_nodes() -> list[hwplace.Node]:
     def devices(count: int, model: str) -> tuple[hwplace.Device, ...]:
         return tuple(hwplace.Device(i, model) for i in range(count))
@@ -599,7 +593,7 @@ def two_type_nodes() -> list[hwplace.Node]:
 
 
 def test_group_with_several_accelerator_types_is_a_config_error() -> None:
-    with registered_plugin(OtherPlugin(), name="test-other-plugin"):
+    with registered_plugin(backend_plugin(OtherAccelerator()), name="test-other-plugin"):
         section = {"num_nodes": 2, "component_placement": {"actor": "0-1"}}
         cluster = hwplace.Cluster(section, nodes=two_type_nodes())
         with pytest.raises(hwplace.ConfigError, match="accelerators of several types") as info:
@@ -612,7 +606,7 @@ def test_group_with_several_accelerator_types_is_a_config_error() -> None:
 
 
 def test_configured_group_with_several_accelerator_types_names_its_hardware_key() -> None:
-    with registered_plugin(OtherPlugin(), name="test-other-plugin"):
+    with registered_plugin(backend_plugin(OtherAccelerator()), name="test-other-plugin"):
         section = {"num_nodes": 2, "node_groups": [{"label": "gpus", "node_ranks": "all"}],
                    "component_placement": {"actor": {"node_group": "gpus", "placement": "0-1"}}}
         cluster = hwplace.Cluster(section, nodes=two_type_nodes())
@@ -622,7 +616,7 @@ def test_configured_group_with_several_accelerator_types_names_its_hardware_key(
 
 
 def test_hardware_type_picks_one_accelerator_type() -> None:
-    with registered_plugin(OtherPlugin(), name="test-other-plugin"):
+    with registered_plugin(backend_plugin(OtherAccelerator()), name="test-other-plugin"):
         section = {
             "num_nodes": 2,
             "node_groups": [

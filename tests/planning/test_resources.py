@@ -15,7 +15,7 @@ import hwplace
 from hwplace.planning.resources import Resource, group_resource_type, resource_space
 from hwplace.planning.strategies import GroupSelection
 from hwplace.plugin.manager import PluginManager
-from hwplace.testing import fake_cluster, registered_plugin
+from hwplace.testing import backend_plugin, fake_cluster, registered_plugin
 
 
 def robots(label: str, *declared: tuple[int, str], ranks: Any = None) -> dict[str, Any]:
@@ -136,15 +136,9 @@ class Lamp(hwplace.HardwareBackend):
         return {"LAMPS": ",".join(str(d.index) for d in devices)}
 
 
-class LampPlugin:
-    @hwplace.hookimpl
-    def hwplace_hardware_backends(self) -> list[hwplace.HardwareBackend]:
-        return [Lamp()]
-
-
 def test_declarations_of_another_type_do_not_shift_a_groups_robots() -> None:
     manager = PluginManager()
-    with registered_plugin(LampPlugin(), name="test-lamp-plugin", plugin_manager=manager):
+    with registered_plugin(backend_plugin(Lamp()), name="test-lamp-plugin", plugin_manager=manager):
         section = {
             "num_nodes": 1,
             "node_groups": [
@@ -461,14 +455,8 @@ class Host(hwplace.HardwareBackend):
         return {"HOST_SLOT": ",".join(str(d.index) for d in devices)}
 
 
-class HostPlugin:
-    @hwplace.hookimpl
-    def hwplace_hardware_backends(self) -> list[hwplace.HardwareBackend]:
-        return [Host()]
-
-
 def test_a_node_backend_of_another_name_is_found_by_kind(no_node_plugin: PluginManager) -> None:
-    with registered_plugin(HostPlugin(), name="test-host-plugin", plugin_manager=no_node_plugin):
+    with registered_plugin(backend_plugin(Host()), name="test-host-plugin", plugin_manager=no_node_plugin):
         section = {"num_nodes": 2, "component_placement": {"agent": {"node_group": "node", "placement": "0-1"}}}
         cluster = fake_cluster(section, accelerators_per_node=1, plugin_manager=no_node_plugin)
         placements = place(section, cluster).get_placements("agent")
@@ -480,7 +468,7 @@ def test_a_node_backend_of_another_name_is_found_by_kind(no_node_plugin: PluginM
 
 def test_two_node_backends_are_an_error_naming_both() -> None:
     manager = PluginManager()
-    with registered_plugin(HostPlugin(), name="test-host-plugin", plugin_manager=manager):
+    with registered_plugin(backend_plugin(Host()), name="test-host-plugin", plugin_manager=manager):
         cluster = fake_cluster({"num_nodes": 1}, plugin_manager=manager)
         with pytest.raises(hwplace.PlacementError, match=r"exactly one backend of kind 'node' must be registered, "
                                                          r"found '.*") as info:
@@ -552,12 +540,6 @@ class Other(hwplace.HardwareBackend):
         return []
 
 
-class OtherPlugin:
-    @hwplace.hookimpl
-    def hwplace_hardware_backends(self) -> list[hwplace.HardwareBackend]:
-        return [Other()]
-
-
 @pytest.mark.parametrize(
     ("group", "message"),
     [
@@ -569,7 +551,7 @@ class OtherPlugin:
 )
 def test_a_group_with_several_accelerator_types_must_name_one(group: str, message: str) -> None:
     manager = PluginManager()
-    with registered_plugin(OtherPlugin(), name="test-other-plugin", plugin_manager=manager):
+    with registered_plugin(backend_plugin(Other()), name="test-other-plugin", plugin_manager=manager):
         section = {"num_nodes": 2, "node_groups": [{"label": "gpus", "node_ranks": "all"},
                                                    {"label": "picked", "node_ranks": "all",
                                                     "hardware": {"type": "test-other"}}]}

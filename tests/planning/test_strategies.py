@@ -20,7 +20,7 @@ import hwplace
 from hwplace.foundation.frozen import FrozenDict
 from hwplace.planning.resources import resource_space
 from hwplace.plugin.manager import PluginManager
-from hwplace.testing import fake_cluster, registered_plugin
+from hwplace.testing import backend_plugin, fake_cluster, registered_plugin
 
 PackedArgs = tuple[int, int, int, int]
 
@@ -655,15 +655,6 @@ class Recording(hwplace.HardwareBackend):
         return {"REC_VISIBLE": ",".join(d.properties["uuid"] for d in devices)}
 
 
-class RecordingPlugin:
-    def __init__(self, backend: Recording) -> None:
-        self.backend = backend
-
-    @hwplace.hookimpl
-    def hwplace_hardware_backends(self) -> list[hwplace.HardwareBackend]:
-        return [self.backend]
-
-
 def recorded(count: int) -> tuple[hwplace.Device, ...]:
     return tuple(hwplace.Device(i, "rec", properties={"uuid": f"U{i}"}) for i in range(count))
 
@@ -672,7 +663,7 @@ def with_recording(answer: Callable[[Sequence[hwplace.Device]], Any] | None,
                    run: Callable[[hwplace.Cluster], object], count: int = 4) -> Recording:
     backend = Recording(answer)
     manager = PluginManager()
-    with registered_plugin(RecordingPlugin(backend), name="test-recording-plugin", plugin_manager=manager):
+    with registered_plugin(backend_plugin(backend), name="test-recording-plugin", plugin_manager=manager):
         run(hand_cluster(recorded(count), recorded(count), manager=manager, hardware_type=Recording.name))
     return backend
 
@@ -777,7 +768,7 @@ def test_a_device_process_hides_the_nodes_accelerators() -> None:
     manager = PluginManager()
     section = {"num_nodes": 1, "node_groups": [{"label": "arm", "node_ranks": 0, "hardware": {
         "type": "fake-robot", "configs": [{"node_rank": 0, "name": "x"}]}}]}
-    with registered_plugin(RecordingPlugin(backend), name="test-recording-plugin", plugin_manager=manager):
+    with registered_plugin(backend_plugin(backend), name="test-recording-plugin", plugin_manager=manager):
         cluster = fake_cluster(section, accelerators_per_node=2, accelerator_type=Recording.name,
                                plugin_manager=manager)
         [p] = hwplace.FlexiblePlacementStrategy([[0]], node_group="arm").get_placement(cluster)

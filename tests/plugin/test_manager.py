@@ -12,7 +12,7 @@ import pytest
 import hwplace
 from hwplace.application.cli import main
 from hwplace.plugin.manager import PluginManager
-from hwplace.testing import fake_cluster, registered_plugin
+from hwplace.testing import backend_plugin, fake_cluster, registered_plugin
 
 TPU_PLUGIN = """
 import hwplace
@@ -53,13 +53,21 @@ class Raising(hwplace.HardwareBackend):
         raise RuntimeError("driver exploded")
 
 
-class Plugin:
-    def __init__(self, *backends: object) -> None:
-        self.backends = list(backends)
+class AsGiven:
+    """A plugin whose hooks return what it was given, unchecked: things that are not backends or executors, or
+    one backend rather than a list of them (a plugin that provides good ones is ``backend_plugin``'s)."""
+
+    def __init__(self, *, backends: object = None, executors: object = None) -> None:
+        self.backends = [] if backends is None else backends
+        self.executors = [] if executors is None else executors
 
     @hwplace.hookimpl
     def hwplace_hardware_backends(self):
         return self.backends
+
+    @hwplace.hookimpl
+    def hwplace_executors(self):
+        return self.executors
 
 
 BUILTIN_KINDS = {"node": "node", "fake-accelerator": "accelerator", "fake-robot": "device",
@@ -118,11 +126,9 @@ def test_a_hook_that_raises_or_returns_garbage_is_reported_by_name() -> None:
 
     manager = PluginManager()
     manager.register(Exploding(), name="exploding")
-    manager.register(Plugin("not a backend"), name="garbage")
-    single = Plugin()
-    single.backends = Raising()  # type: ignore[assignment]  # one backend, not a list of them
-    manager.register(single, name="single")
-    manager.register(Plugin(type("Bad", (hwplace.HardwareBackend,), {"name": "Bad Name!"})()), name="badname")
+    manager.register(AsGiven(backends=["not a backend"]), name="garbage")
+    manager.register(AsGiven(backends=Raising()), name="single")  # one backend, not a list of them
+    manager.register(backend_plugin(type("Bad", (hwplace.HardwareBackend,), {"name": "Bad Name!"})()), name="badname")
     failures = {f.plugin: f.error for f in manager.failures}
     assert "boom" in failures["exploding"]
     assert "not a hwplace.HardwareBackend" in failures["garbage"]
@@ -159,7 +165,7 @@ def test_tracing_is_off_by_default(monkeypatch, capsys) -> None:
 def test_detection_that_hangs_is_cut_off_and_reported() -> None:
     sleepy = Sleepy()
     manager = PluginManager()
-    manager.register(Plugin(sleepy), name="sleepy-plugin")
+    manager.register(backend_plugin(sleepy), name="sleepy-plugin")
     detection = manager.detect("sleepy", timeout=0.2)
     assert not sleepy.returned  # detect was cut off while the backend still hung
     sleepy.release.set()
@@ -169,7 +175,7 @@ def test_detection_that_hangs_is_cut_off_and_reported() -> None:
 
 def test_detection_that_raises_is_reported_not_raised() -> None:
     manager = PluginManager()
-    manager.register(Plugin(Raising()), name="raising-plugin")
+    manager.register(backend_plugin(Raising()), name="raising-plugin")
     detection = manager.detect("raising")
     assert "driver exploded" in str(detection.error)
 
@@ -184,7 +190,7 @@ def test_detection_that_raises_is_reported_not_raised() -> None:
 def test_detection_results_are_checked(devices, problem) -> None:
     backend = type("Odd", (hwplace.HardwareBackend,), {"name": "odd", "detect": lambda self, c: devices})()
     manager = PluginManager()
-    manager.register(Plugin(backend), name="odd-plugin")
+    manager.register(backend_plugin(backend), name="odd-plugin")
     assert problem in str(manager.detect("odd").error)
 
 
@@ -192,7 +198,7 @@ def test_device_backends_answer_every_config() -> None:
     backend = type("Short", (hwplace.HardwareBackend,),
                    {"name": "short", "kind": "device", "detect": lambda self, c: []})()
     manager = PluginManager()
-    manager.register(Plugin(backend), name="short-plugin")
+    manager.register(backend_plugin(backend), name="short-plugin")
     assert manager.detect("short", [{"node_rank": 0}]).error == "detect returned 0 devices for 1 configs"
 
 
@@ -205,7 +211,7 @@ def test_detect_timeout_comes_from_the_environment(monkeypatch) -> None:
 def test_broken_backend_does_not_hide_the_others_on_a_node(monkeypatch, fresh_manager) -> None:
     monkeypatch.setenv("HWPLACE_FAKE_ACCELERATORS", "3")
     fresh_manager()
-    with registered_plugin(Plugin(Raising()), name="raising-plugin"):
+    with registered_plugin(backend_plugin(Raising()), name="raising-plugin"):
         cluster = hwplace.Cluster.this_machine()  # every backend detected
     node = cluster.nodes[0]
     assert len(node.devices("fake-accelerator")) == 3
@@ -217,7 +223,7 @@ def test_registered_plugin_is_always_unregistered(fresh_manager) -> None:
     seen = []
 
     def use_and_fail() -> None:
-        with registered_plugin(Plugin(Raising()), name="temporary"):
+        with registered_plugin(backend_plugin(Raising()), name="temporary"):
             seen.append("temporary" in manager.plugins())
             raise RuntimeError("test body failed")
 
@@ -239,7 +245,7 @@ class BrokenRobots(hwplace.HardwareBackend):
 
 def test_a_problem_on_many_nodes_is_reported_once_with_its_nodes() -> None:
     manager = PluginManager(load_entry_points=False)
-    manager.register(Plugin(BrokenRobots()), name="broken-robots")
+    manager.register(backend_plugin(BrokenRobots()), name="broken-robots")
     detection = manager.detect("fake-robot", [{"node_rank": 0}])
     assert detection.error == "detect raised ZeroDivisionError('division by zero')"
     nodes = [hwplace.Node(rank, f"n{rank}", f"10.0.0.{rank}", problems={"fake-robot": detection.error} if rank != 4
@@ -288,7 +294,7 @@ def test_a_plain_hook_that_raises_does_not_stop_a_wrapper_or_the_others() -> Non
     manager = PluginManager()
     wrapper = Wrapping()
     manager.register(wrapper, name="wrapping")
-    manager.register(Plugin(Raising()), name="fine")
+    manager.register(backend_plugin(Raising()), name="fine")
     manager.register(Exploding(), name="exploding")
     assert {"node", "fake-accelerator", "raising", "extra"} <= set(manager.backends())
     assert [(f.plugin, f.error) for f in manager.failures] == [
@@ -393,7 +399,7 @@ def test_check_config_raising_anything_is_a_config_error_naming_the_backend() ->
             return config["port"]  # KeyError for a config without one
 
     manager = PluginManager()
-    manager.register(Plugin(Picky()), name="picky-plugin")
+    manager.register(backend_plugin(Picky()), name="picky-plugin")
     section = {"num_nodes": 1, "node_groups": [{"label": "arms", "node_ranks": 0,
                                                 "hardware": {"type": "picky", "configs": [{"node_rank": 0}]}}]}
     with pytest.raises(hwplace.ConfigError, match=r"configs\[0\]: the 'picky' backend .* failed to check this entry: "
@@ -417,7 +423,7 @@ def test_device_properties_that_are_not_plain_data_fail_detection_not_the_comman
         def detect(self, configs):
             return [hwplace.Device(0, "nullish", properties={"serial": None, "ids": [1, 2]})]
 
-    with registered_plugin(Plugin(Odd(), Nullish()), name="odd-plugin"):
+    with registered_plugin(backend_plugin(Odd(), Nullish()), name="odd-plugin"):
         code = main(["hardware", "--json"])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
@@ -446,7 +452,7 @@ class Counting(hwplace.HardwareBackend):
 def test_detection_runs_once_per_manager_unless_refreshed() -> None:
     backend = Counting()
     manager = PluginManager(load_entry_points=False)
-    manager.register(Plugin(backend), name="counting-plugin")
+    manager.register(backend_plugin(backend), name="counting-plugin")
     first = manager.detect("counting")
     assert manager.detect("counting") is first
     hwplace.Cluster.this_machine(plugin_manager=manager)
@@ -458,7 +464,7 @@ def test_detection_runs_once_per_manager_unless_refreshed() -> None:
 def test_a_detect_that_timed_out_is_not_started_again_while_it_runs() -> None:
     sleepy = Sleepy()
     manager = PluginManager(load_entry_points=False)
-    manager.register(Plugin(sleepy), name="sleepy-plugin")
+    manager.register(backend_plugin(sleepy), name="sleepy-plugin")
     try:
         before = threading.active_count()
         assert manager.detect("sleepy", timeout=0.05).error == "detect did not finish within 0.05 s"
@@ -501,7 +507,7 @@ def test_registered_plugin_sets_aside_an_installed_one_providing_the_same_backen
             return []
 
     manager = PluginManager()
-    with registered_plugin(Plugin(DevelopmentFake()), name="fake-dev", plugin_manager=manager):
+    with registered_plugin(backend_plugin(DevelopmentFake()), name="fake-dev", plugin_manager=manager):
         assert isinstance(manager.backend("fake-accelerator").backend, DevelopmentFake)
         assert "fake" not in manager.plugins()
     assert manager.plugin("fake") is fake_plugin
@@ -536,18 +542,9 @@ class InventoryExecutor(hwplace.Executor):
         return "a list of nodes"
 
 
-class ExecutorPlugin:
-    def __init__(self, *executors: object) -> None:
-        self.executors = list(executors)
-
-    @hwplace.hookimpl
-    def hwplace_executors(self):
-        return self.executors
-
-
 def test_an_executor_plugin_is_found_by_name_and_used_by_cluster() -> None:
     manager = PluginManager()
-    manager.register(ExecutorPlugin(InventoryExecutor()), name="inventory-plugin")
+    manager.register(backend_plugin(InventoryExecutor()), name="inventory-plugin")
     assert manager.executors()["inventory"].plugin == "inventory-plugin"
     cluster = hwplace.Cluster({"num_nodes": 2, "executor": "inventory"}, plugin_manager=manager)
     assert [n.node_id for n in cluster.nodes] == ["inv-0", "inv-1"]
@@ -558,10 +555,10 @@ def test_an_executor_plugin_is_found_by_name_and_used_by_cluster() -> None:
 
 def test_broken_or_clashing_executors() -> None:
     manager = PluginManager()
-    manager.register(ExecutorPlugin("not an executor", InventoryExecutor()), name="mixed")
+    manager.register(AsGiven(executors=["not an executor", InventoryExecutor()]), name="mixed")
     assert set(manager.executors()) == {"inventory", "ray"}
     assert any("'not an executor' is not a hwplace.Executor" in f.error for f in manager.failures)
-    manager.register(ExecutorPlugin(InventoryExecutor()), name="second")
+    manager.register(backend_plugin(InventoryExecutor()), name="second")
     with pytest.raises(hwplace.PluginError, match=r"two executors are named 'inventory': one from plugin '(mix|sec)"):
         manager.executors()
 

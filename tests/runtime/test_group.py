@@ -17,7 +17,7 @@ from hwplace.contracts.records import WorkerContext
 from hwplace.executor import GroupRequest, GroupRuntime, Handle, Leases
 from hwplace.runtime.group import GroupLauncher, WorkerGroup, torch_env, worker_specs
 from hwplace.runtime.hosting import RemoteFailure, run_method, start_worker
-from hwplace.testing import fake_cluster, registered_plugin
+from hwplace.testing import backend_plugin, fake_cluster, registered_plugin
 
 TORCH_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"}
 ROBOT_GROUP = {
@@ -426,15 +426,6 @@ class InProcessExecutor(hwplace.Executor, Leases):
         return runtime
 
 
-class InProcessPlugin:
-    def __init__(self) -> None:
-        self.executor = InProcessExecutor()
-
-    @hwplace.hookimpl
-    def hwplace_executors(self) -> list[hwplace.Executor]:
-        return [self.executor]
-
-
 class Greeter(Worker):
     def __init__(self, greeting: str, *, punctuation: str = "!") -> None:
         if greeting == "boom" and self.rank == 1:
@@ -456,11 +447,11 @@ LAUNCH_SECTION = {
 
 @pytest.fixture
 def launching() -> Iterator[tuple[InProcessExecutor, hwplace.Cluster, hwplace.PlacementStrategy]]:
-    plugin = InProcessPlugin()
-    with registered_plugin(plugin, name="in-process-plugin"):
+    executor = InProcessExecutor()
+    with registered_plugin(backend_plugin(executor), name="in-process-plugin"):
         cluster = hwplace.Cluster(LAUNCH_SECTION)
         strategy = hwplace.ComponentPlacement({"cluster": LAUNCH_SECTION}, cluster).get_strategy("greeters")
-        yield plugin.executor, cluster, strategy
+        yield executor, cluster, strategy
 
 
 def test_launch_asks_the_executor_with_every_workers_spec(launching: Any) -> None:

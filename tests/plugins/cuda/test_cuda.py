@@ -15,7 +15,7 @@ import hwplace
 import hwplace_plugins.cuda
 from hwplace.application.cli import main
 from hwplace.plugin.manager import PluginManager
-from hwplace.testing import fake_cluster, registered_plugin
+from hwplace.testing import backend_plugin, fake_cluster, registered_plugin
 from hwplace.testing.conformance import BackendConformance  # (hwplace.testing loads it lazily: Any to mypy)
 from hwplace_plugins.cuda import MISSING, NVML_FUNCTIONS, UNKNOWN_MODEL, CudaBackend
 from hwplace_plugins.cuda.mask import GpuIds, select
@@ -595,16 +595,8 @@ def test_bindings_without_a_health_function_are_not_a_health_problem() -> None:
 # -- the conformance kit every backend runs ---------------------------------------------------------------
 
 
-class StandInMachine:
-    """A plugin whose cuda backend sees the MIG machine above through the stand-in, with no inherited mask."""
-
-    @hwplace.hookimpl
-    def hwplace_hardware_backends(self) -> list[hwplace.HardwareBackend]:
-        return [CudaBackend(nvml=mig_machine(), environ={})]
-
-
 class TestCudaConformanceOnAStandIn(BackendConformance):
-    plugin = StandInMachine()
+    plugin = backend_plugin(CudaBackend(nvml=mig_machine(), environ={}))  # the MIG machine above, no inherited mask
     backend_name = "cuda"
 
     def test_the_standin_machine_is_what_is_checked(self, detected: list[hwplace.Device]) -> None:

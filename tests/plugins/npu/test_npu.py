@@ -13,7 +13,7 @@ import pytest
 
 import hwplace
 from hwplace.plugin.manager import PluginManager
-from hwplace.testing import fake_cluster
+from hwplace.testing import backend_plugin, fake_cluster
 from hwplace.testing.conformance import BackendConformance  # (hwplace.testing loads it lazily: Any to mypy)
 from hwplace_plugins import npu
 from hwplace_plugins.npu import NpuBackend, smi
@@ -338,13 +338,7 @@ def test_a_hanging_npu_smi_stays_within_the_cores_detect_bound(
     hanging = NpuBackend("/nonexistent-root", fake_smi(hang=True), environ={})
     assert hanging.smi_timeout() == 1.0
     manager = PluginManager(load_entry_points=False)
-
-    class Plugin:
-        @hwplace.hookimpl
-        def hwplace_hardware_backends(self) -> list[hwplace.HardwareBackend]:
-            return [hanging]
-
-    manager.register(Plugin(), name="npu-hanging")
+    manager.register(backend_plugin(hanging), name="npu-hanging")
     detection = manager.detect("npu")
     assert detection.error is None
     assert detection.seconds < 2
