@@ -41,7 +41,7 @@ import ray
 import torch
 
 import hwplace
-from hwplace.runtime.communicator import connect, find_entry
+from hwplace.runtime.messaging.communicator import connect, find_entry
 from hwplace.testing import local_ray_cluster
 
 MB = 10**6

@@ -48,9 +48,9 @@ from hwplace.planning.strategies import (
 )
 from hwplace.plugin.manager import PluginManager
 from hwplace.plugin.session import get_plugin_manager
-from hwplace.runtime.buckets import Weights
 from hwplace.runtime.group import WorkerGroup
-from hwplace.runtime.weights import WeightSync
+from hwplace.runtime.weight_sync.buckets import Weights
+from hwplace.runtime.weight_sync.sync import WeightSync
 from hwplace.runtime.worker import Worker
 
 hookimpl = pluggy.HookimplMarker("hwplace")

@@ -43,7 +43,7 @@ from hwplace.planning.sharing import Share, shared_accelerators
 from hwplace.plugin.detection import detect_timeout
 from hwplace.plugin.session import Session, current_executor, session, swapped_session
 from hwplace.runtime.hosting import RemoteFailure, run_method, run_method_async, start_worker
-from hwplace.runtime.turns import TurnServer
+from hwplace.runtime.turns.arbiter import TurnServer
 
 __all__ = [
     "CORE_METHODS",

@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import hwplace
-from hwplace.runtime.device_share import SlotDescriptor, SlotReader
+from hwplace.runtime.weight_sync.device_share import SlotDescriptor, SlotReader
 
 
 def raw(tensor: Any) -> bytes:

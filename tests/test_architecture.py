@@ -175,3 +175,19 @@ def test_every_package_goes_into_the_wheel(monkeypatch: pytest.MonkeyPatch) -> N
         folders.add(".".join(["hwplace_plugins", *init.parent.relative_to(ROOT / "plugins").parts]))
     assert folders == set(captured["packages"])
     assert {"hwplace.planning", "hwplace.channels", "hwplace_plugins.ray", "hwplace_plugins"} <= folders
+
+
+ROOMS = {  # the runtime's rooms, and which other modules of the runtime each may import (their docstrings say so)
+    "hwplace.runtime.messaging": set(),
+    "hwplace.runtime.turns": set(),
+    "hwplace.runtime.weight_sync": {"hwplace.runtime.messaging.communicator"},
+}
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_each_room_of_the_runtime_imports_only_what_its_docstring_allows(room: str) -> None:
+    def other_runtime(target: str) -> bool:
+        return target.startswith("hwplace.runtime.") and not target.startswith(room + ".") and target != room
+
+    found = {i.target for i in IMPORTS if i.source.startswith(room + ".") and other_runtime(i.target)}
+    assert found <= ROOMS[room]

@@ -2,7 +2,7 @@
 
 ``MyWorker.create_group(*args).launch(...)`` starts one process per placement (:mod:`hwplace.runtime.group`);
 hosting the worker in its process is :mod:`hwplace.runtime.hosting`. Imports the layers below and
-:mod:`hwplace.runtime.group` and :mod:`hwplace.runtime.turn_client`.
+:mod:`hwplace.runtime.group` and :mod:`hwplace.runtime.turns.client`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from hwplace.channels.channel import Channel
 from hwplace.contracts.records import Placement, WorkerContext
 from hwplace.foundation.errors import HwplaceError
 from hwplace.runtime.group import GroupLauncher
-from hwplace.runtime.messaging import messenger
-from hwplace.runtime.turn_client import Turn, Turns
+from hwplace.runtime.messaging.messenger import messenger
+from hwplace.runtime.turns.client import Turn, Turns
 
 
 class Worker:

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import hwplace
-from hwplace.runtime import buckets as buckets_module
-from hwplace.runtime.buckets import Entry, check, digest, layout, pack, unpack
-from hwplace.runtime.buckets import sizes as bucket_sizes
+from hwplace.runtime.weight_sync import buckets as buckets_module
+from hwplace.runtime.weight_sync.buckets import Entry, check, digest, layout, pack, unpack
+from hwplace.runtime.weight_sync.buckets import sizes as bucket_sizes
 
 torch = pytest.importorskip("torch")
 

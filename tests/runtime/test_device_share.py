@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from slot_reading import ask, raw, reading_process
 
 import hwplace
-from hwplace.runtime import device_share
-from hwplace.runtime.device_share import (
+from hwplace.runtime.weight_sync import device_share
+from hwplace.runtime.weight_sync.device_share import (
     ALIGN,
     CPU,
     ShareKind,

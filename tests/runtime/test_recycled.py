@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hwplace.runtime.messaging import Recycled
+from hwplace.runtime.messaging.messenger import Recycled
 
 torch = pytest.importorskip("torch")
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 import hwplace
-from hwplace.runtime.buckets import digest
-from hwplace.runtime.segments import (
+from hwplace.runtime.weight_sync.buckets import digest
+from hwplace.runtime.weight_sync.segments import (
     ALIGN,
     HEADER,
     KEPT_MAPPINGS,

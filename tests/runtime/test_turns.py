@@ -1,4 +1,4 @@
-"""The turn arbiter's rules (hwplace.runtime.turns.TurnTable), without a transport: who enters, in what order,
+"""The turn arbiter's rules (hwplace.runtime.turns.arbiter.TurnTable), without a transport: who enters, in what order,
 with which hooks, and what a timeout or a dead worker releases."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 import hwplace
-from hwplace.runtime.turn_client import Turn
-from hwplace.runtime.turns import TurnTable
+from hwplace.runtime.turns.arbiter import TurnTable
+from hwplace.runtime.turns.client import Turn
 
 A0, A1 = ("fake-accelerator", 0), ("fake-accelerator", 1)
 

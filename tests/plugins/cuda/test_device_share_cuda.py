@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from slot_reading import ask, raw, reading_process
 
-from hwplace.runtime.device_share import SlotWriter, TornRead
+from hwplace.runtime.weight_sync.device_share import SlotWriter, TornRead
 
 torch = pytest.importorskip("torch", reason="torch is not installed: pip install 'hwplace[torch]'")
 

@@ -12,8 +12,9 @@ from unittest import mock
 import pytest
 
 import hwplace
-from hwplace.runtime import buckets, current
-from hwplace.runtime import weights as weights_module
+from hwplace.runtime.weight_sync import buckets
+from hwplace.runtime.weight_sync import sync as weights_module
+from hwplace.testing import swapped_session
 from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 ray = pytest.importorskip("ray")
@@ -181,9 +182,8 @@ def test_misuse_is_a_clear_error(groups, monkeypatch: pytest.MonkeyPatch) -> Non
         hwplace.WeightSync.create("other", source="trainer", targets=("rolout",))
     with pytest.raises(hwplace.ConfigError, match="source_rank"):
         hwplace.WeightSync.create("other", source="trainer", targets=("rollout",), source_rank=3)
-    monkeypatch.setattr(current, "_context", [])  # other tests host a worker in this process
-    with pytest.raises(hwplace.HwplaceError, match="inside a worker"):
-        sync.latest()
+    with swapped_session(), pytest.raises(hwplace.HwplaceError, match="inside a worker"):
+        sync.latest()  # on the driver (a session of its own: other tests host a worker in this process)
 
 
 def test_a_tiny_version_travels_inside_its_announcement(groups) -> None:

@@ -28,8 +28,8 @@ from typing import Any
 
 from hwplace.foundation.errors import WeightSyncError
 from hwplace.foundation.wording import safe_repr
-from hwplace.runtime.buckets import aligned
-from hwplace.runtime.communicator import torch_module
+from hwplace.runtime.messaging.communicator import torch_module
+from hwplace.runtime.weight_sync.buckets import aligned
 
 ALIGN = 256  # each tensor starts at a multiple of this many bytes in a slot
 CHUNK_WORDS = 4 * 2**20  # int32 words per step of a digest: 16 MiB read, 64 MiB of int64 temporaries at most

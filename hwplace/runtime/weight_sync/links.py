@@ -4,9 +4,10 @@ A link is a communicator of two members, the source (member 0) and one target ra
 first publishes and that target first asks for weights; each target joins on its own, so one that has not
 asked yet never holds up the others. Every version is an :class:`Announcement`, pickled into one fixed-size
 buffer (a second one carries the rest of a large one). It holds the version itself when it is small
-(``inline``), or says where it lies (a :class:`~hwplace.runtime.segments.SegmentRef` on the source's node; a
-:class:`~hwplace.runtime.device_share.SlotDescriptor` on a shared accelerator), or says that its buckets follow
-(to other nodes; a large version's digests follow them, taken as they are sent: one bucket in flight).
+(``inline``), or says where it lies (a :class:`~hwplace.runtime.weight_sync.segments.SegmentRef` on the source's
+node; a :class:`~hwplace.runtime.weight_sync.device_share.SlotDescriptor` on a shared accelerator), or says that
+its buckets follow (to other nodes; a large version's digests follow them, taken as they are sent: one bucket in
+flight).
 
 :func:`fan_out` sends a version on every link whose target has joined, in ``publish``'s thread, bucket by
 bucket to all of them at once; a link whose target has not joined yet gets it from its own thread once it
@@ -32,10 +33,10 @@ from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import HwplaceError, WeightSyncError
 from hwplace.planning.sync_plan import SHARED_MEMORY
 from hwplace.plugin.session import session
-from hwplace.runtime.buckets import Entry, Weights, check, unpack
-from hwplace.runtime.communicator import connect, find_entry, torch_module
-from hwplace.runtime.device_share import SlotDescriptor, SlotReader, TornRead
-from hwplace.runtime.segments import SegmentReader, SegmentRef
+from hwplace.runtime.messaging.communicator import connect, find_entry, torch_module
+from hwplace.runtime.weight_sync.buckets import Entry, Weights, check, unpack
+from hwplace.runtime.weight_sync.device_share import SlotDescriptor, SlotReader, TornRead
+from hwplace.runtime.weight_sync.segments import SegmentReader, SegmentRef
 
 HEAD_BYTES = 8 * 1024  # an announcement travels in one broadcast of this size when its pickle fits
 ANNOUNCED_BYTES = 2 * 1024  # a version up to this size travels inside its announcement to the source's node

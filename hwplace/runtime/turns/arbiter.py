@@ -1,7 +1,7 @@
 """Turns on shared accelerators: the arbiter's rules (:class:`TurnTable`, pure) and its host (:class:`TurnServer`).
 
 One arbiter runs per node where processes of different groups share an accelerator; every worker of that node
-that calls ``turn()`` talks to it over one local connection (:mod:`hwplace.runtime.turn_client`). Rules:
+that calls ``turn()`` talks to it over one local connection (:mod:`hwplace.runtime.turns.client`). Rules:
 
 - a request names its owner (a connection), its group and its units (the accelerators it wants);
 - it is granted when no worker of another group holds any of its units and no request of another group that

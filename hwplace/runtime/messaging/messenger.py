@@ -1,12 +1,12 @@
 """Messages between any two workers of a cluster: what ``Worker.send``, ``recv`` and ``broadcast`` run.
 
-Each pair of workers gets its own communicator (:mod:`hwplace.runtime.communicator`) the first time either
+Each pair of workers gets its own communicator (:mod:`hwplace.runtime.messaging.communicator`) the first time either
 sends to or receives from the other. A small message (up to 4 KiB with its header) is copied into a frame and
 queued: ``send`` returns without waiting for it to leave (up to ``QUEUED`` in flight per pair), so a stream of
 them costs no thread hand-over on the sender. A thread per pair receives the peer's frames as they come, in order, and
 hands each to the oldest waiting ``recv`` (or keeps it until one comes), so a ``recv`` can time out without
 losing a message, and a peer that dies fails every waiting ``recv`` at once. Imports the layers below and
-:mod:`hwplace.runtime.communicator`.
+:mod:`hwplace.runtime.messaging.communicator`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from hwplace.contracts.executor import Executor, GroupEntry
 from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import ConfigError, WorkerError
 from hwplace.plugin.session import get_plugin_manager, session
-from hwplace.runtime.communicator import (
+from hwplace.runtime.messaging.communicator import (
     CONNECT_TIMEOUT,
     DEVICE_TENSOR,
     HEADER,

@@ -11,7 +11,7 @@ under an exclusive lock, which it can take only when no target holds the segment
 another or makes a new one. A segment carries the version it holds, written last: a target that locks a
 segment the source has since rewritten sees another version and skips it (a newer one is on its way). A
 process that dies lets go of its locks, and a segment is freed when its source and every mapping are gone:
-nothing is left behind. Imports the foundation and :mod:`hwplace.runtime.buckets`; numpy on first use.
+nothing is left behind. Imports the foundation and :mod:`hwplace.runtime.weight_sync.buckets`; numpy on first use.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwplace.foundation.errors import WeightSyncError
-from hwplace.runtime.buckets import aligned
+from hwplace.runtime.weight_sync.buckets import aligned
 
 HEADER = 64  # bytes before the first bucket: a magic number, then the version the segment holds
 ALIGN = 64  # each bucket starts at a multiple of this

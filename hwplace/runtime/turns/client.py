@@ -1,8 +1,8 @@
 """A worker's side of turns: ``with self.turn():`` (or ``async with``), re-entrant, with the onload/offload hooks.
 
-The worker connects once to its node's arbiter (:class:`hwplace.runtime.turns.TurnServer`), whose address its
+The worker connects once to its node's arbiter (:class:`hwplace.runtime.turns.arbiter.TurnServer`), whose address its
 executor gives (``Executor.turn_arbiter``); a worker without own accelerators, or on a node where no group
-shares one, takes a turn at no cost. Imports the layers below and :mod:`hwplace.runtime.turns`.
+shares one, takes a turn at no cost. Imports the layers below and :mod:`hwplace.runtime.turns.arbiter`.
 """
 
 from __future__ import annotations

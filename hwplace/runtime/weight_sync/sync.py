@@ -1,13 +1,13 @@
 """``hwplace.WeightSync``: versioned, digest-checked weights from one source rank to the ranks of target groups.
 
 Created on the driver once the groups run, it carries its plan (:mod:`hwplace.planning.sync_plan`) and pickles
-into worker methods. ``publish`` packs the state dict into buckets (:mod:`hwplace.runtime.buckets`) and
-announces each version on a link to each target (:mod:`hwplace.runtime.weight_stream`):
+into worker methods. ``publish`` packs the state dict into buckets (:mod:`hwplace.runtime.weight_sync.buckets`) and
+announces each version on a link to each target (:mod:`hwplace.runtime.weight_sync.links`):
 
 - targets on the source's node: a small version travels in its announcement; a larger one is written once, bucket
-  after bucket, into a shared-memory segment of the source (:mod:`hwplace.runtime.segments`), which they map
+  after bucket, into a shared-memory segment of the source (:mod:`hwplace.runtime.weight_sync.segments`), which they map
   without a copy; CUDA tensors reach a target on the same GPU through CUDA IPC
-  (:mod:`hwplace.runtime.device_share`), without passing through host memory;
+  (:mod:`hwplace.runtime.weight_sync.device_share`), without passing through host memory;
 - targets on other nodes: the buckets follow the announcement on the link, straight from the source's tensors
   once every such target has joined.
 
@@ -28,11 +28,11 @@ from hwplace.foundation.wording import safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.sync_plan import BROADCAST, SHARED_MEMORY, SyncTarget, plan_sync
 from hwplace.plugin.session import session
-from hwplace.runtime.buckets import DEFAULT_BUCKET_BYTES, INLINE_BYTES, Weights, pack, sizes
-from hwplace.runtime.communicator import check_member, find_entry
-from hwplace.runtime.device_share import SlotDescriptor, SlotWriter
-from hwplace.runtime.segments import SegmentPool
-from hwplace.runtime.weight_stream import ANNOUNCED_BYTES, Announcement, Link, Receiver, buckets_of, fan_out
+from hwplace.runtime.messaging.communicator import check_member, find_entry
+from hwplace.runtime.weight_sync.buckets import DEFAULT_BUCKET_BYTES, INLINE_BYTES, Weights, pack, sizes
+from hwplace.runtime.weight_sync.device_share import SlotDescriptor, SlotWriter
+from hwplace.runtime.weight_sync.links import ANNOUNCED_BYTES, Announcement, Link, Receiver, buckets_of, fan_out
+from hwplace.runtime.weight_sync.segments import SegmentPool
 
 
 class _State:
