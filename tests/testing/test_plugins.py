@@ -16,6 +16,21 @@ class Lamp(hwplace.HardwareBackend):
 class Elsewhere(hwplace.Executor):
     name = "test-elsewhere"
 
+    def discover(self, config: object, plugin_manager: object) -> list[hwplace.Node]:
+        return []
+
+    def free_port(self, node: hwplace.Node) -> int:
+        return 29500
+
+    def start_group(self, request: object) -> hwplace.executor.GroupRuntime:
+        raise hwplace.ConfigError("executor", "this test executor starts no groups")
+
+    def find_group(self, name: str) -> None:
+        return None
+
+    def where(self) -> str:
+        return "elsewhere"
+
 
 def test_the_plugin_provides_its_backends_and_executors_as_given() -> None:
     lamp, elsewhere = Lamp(), Elsewhere()
