@@ -10,6 +10,7 @@ below and this package.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -96,7 +97,7 @@ class ProcessExecutor(Executor):
                                       allowed="launch groups from the driver that made the cluster")
                 self._service = HubService(Hub(), self._authkey)
                 self._address = self._service.address
-            return self._address
+            return self._service.address
 
     def _hub(self) -> LocalHub | HubClient:
         if self._address is None:
@@ -214,10 +215,8 @@ class ProcessExecutor(Executor):
     def deregister_group(self, group: str) -> None:
         if self._address is None:
             return
-        try:
+        with contextlib.suppress(HwplaceError):  # the hub is gone: its leases with it
             self._hub().call("deregister_group", self._job(None)["id"], group)
-        except HwplaceError:
-            pass  # the hub is gone: its leases with it
 
     def cluster_status(self, address: str | None) -> dict[str, Any]:
         own = self.start() if self._address is None else self._address

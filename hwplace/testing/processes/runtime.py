@@ -75,10 +75,11 @@ class ProcessGroupRuntime(GroupRuntime):
         size = len(self.specs)
         ranks = range(size)
         with _pickled(self.name, ranks, "the constructor", (request.worker_class, *request.args), request.kwargs):
-            payload = dumps(request.worker_class)
-            starts = [dumps(("start", payload, _main_path(request.worker_class), WorkerContext(self.name, rank, size, spec.placement, dict(spec.env),
-                                                             EXECUTOR_NAME), request.args, dict(request.kwargs),
-                             executor)) for rank, spec in enumerate(self.specs)]
+            payload, main = dumps(request.worker_class), _main_path(request.worker_class)
+            contexts = [WorkerContext(self.name, rank, size, spec.placement, dict(spec.env), EXECUTOR_NAME)
+                        for rank, spec in enumerate(self.specs)]
+            starts = [dumps(("start", payload, main, context, request.args, dict(request.kwargs), executor))
+                      for context in contexts]
         self.workers = [WorkerProcess(service, authkey, spec.python_interpreter_path,
                                       node_envs[spec.node.rank], spec.process_env, start)
                         for spec, start in zip(self.specs, starts, strict=True)]

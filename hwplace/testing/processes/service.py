@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from multiprocessing import AuthenticationError
 from collections.abc import Callable
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
@@ -34,7 +34,7 @@ class HubService:
         self.hub = hub
         self._authkey = authkey
         self._listener = Listener((HOST, 0), authkey=authkey)
-        self.address: Address = self._listener.address  # type: ignore[assignment]
+        self.address: Address = self._listener.address
         self._expected: dict[str, Attach] = {}
         self._lock = threading.Lock()
         self._stopping = False
@@ -89,7 +89,8 @@ class HubService:
         except (EOFError, OSError):
             pass
         finally:
-            connection.close()
+            with contextlib.suppress(OSError):
+                connection.close()
             with self._lock:
                 if connection in self._connections:
                     self._connections.remove(connection)

@@ -3,11 +3,12 @@
 Messages are pickles (protocol 5) sent over a :mod:`multiprocessing.connection` that authenticated with the
 cluster's key; a value plain pickle refuses (a class defined in a function) is tried again with cloudpickle
 when it is installed. A child learns where to call and the key from its standard input, never from its
-command line or environment. Imports the standard library and the foundation.
+command line or environment. Imports the standard library only.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import signal
@@ -26,7 +27,7 @@ def dumps(value: Any) -> bytes:
         return pickle.dumps(value, protocol=5)
     except (pickle.PicklingError, TypeError, AttributeError):
         try:
-            import cloudpickle  # noqa: PLC0415 (optional: pickles classes defined in functions)
+            cloudpickle: Any = importlib.import_module("cloudpickle")  # optional: it pickles classes by value
         except ImportError:
             raise
         return cloudpickle.dumps(value, protocol=5)  # type: ignore[no-any-return]

@@ -10,6 +10,7 @@ Imports the runtime's hosting functions, the plugin manager and this package.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import pickle
@@ -98,10 +99,8 @@ class Host:
 def _exit() -> None:
     """End this process at once: a plain method may still run, and nothing of it is wanted any more."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):
             stream.flush()
-        except Exception:  # noqa: S110 (a closed stream: nothing to flush)
-            pass
     os._exit(0)
 
 

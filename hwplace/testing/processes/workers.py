@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -158,6 +159,8 @@ class WorkerProcess:
             self._died = why
             for call_id in list(self._calls):
                 self._resolve(call_id, ("died", why))
-            if self._connection is not None:
+            if self._connection is not None:  # its reader (the hub's thread) sees the end, and closes it
                 with contextlib.suppress(OSError):
-                    self._connection.close()
+                    sock = socket.fromfd(self._connection.fileno(), socket.AF_INET, socket.SOCK_STREAM)
+                    sock.shutdown(socket.SHUT_RDWR)
+                    sock.close()
