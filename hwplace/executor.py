@@ -28,6 +28,8 @@ from hwplace.contracts.capabilities import (
 )
 from hwplace.contracts.executor import (
     CORE_METHODS,
+    BackendRegistry,
+    ClusterSpec,
     Executor,
     GroupEntry,
     GroupRequest,
@@ -47,10 +49,12 @@ from hwplace.runtime.turns.arbiter import TurnServer
 
 __all__ = [
     "CORE_METHODS",
+    "BackendRegistry",
     "Capability",
     "ChannelAddress",
     "ChannelHosting",
     "ChannelServer",
+    "ClusterSpec",
     "DeviceLease",
     "Executor",
     "GroupEntry",

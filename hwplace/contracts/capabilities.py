@@ -79,8 +79,8 @@ class ChannelAddress:
 class ChannelHosting(Capability):
     """Hosts channels: starts a channel's host on a node and finds it again by name."""
 
-    feature = "host channels (hwplace.Channel)"
-    methods = ("create_channel", "connect_channel")
+    feature: ClassVar[str] = "host channels (hwplace.Channel)"
+    methods: ClassVar[tuple[str, ...]] = ("create_channel", "connect_channel")
 
     def create_channel(self, name: str, maxsize: int, group: str | None, rank: int) -> ChannelAddress:
         """Start the host of a new channel, serving a :class:`hwplace.executor.ChannelServer`, and return its
@@ -99,8 +99,8 @@ class ChannelHosting(Capability):
 class Rendezvous(Capability):
     """A small key-value store shared by every process of the cluster, where communicators meet."""
 
-    feature = "sync weights and send messages between workers (their communicators meet through it)"
-    methods = ("kv_put", "kv_wait")
+    feature: ClassVar[str] = "sync weights and send messages between workers (their communicators meet through it)"
+    methods: ClassVar[tuple[str, ...]] = ("kv_put", "kv_wait")
 
     def kv_put(self, key: str, value: bytes) -> None:
         """Store ``value`` under ``key`` in a small key-value store shared by the cluster's processes."""
@@ -114,8 +114,8 @@ class Rendezvous(Capability):
 class Leases(Capability):
     """A registry of the cluster's running groups that leases their devices to their job."""
 
-    feature = "lease devices to jobs (shared clusters) and report hwplace status"
-    methods = ("register_group", "deregister_group", "cluster_status")
+    feature: ClassVar[str] = "lease devices to jobs (shared clusters) and report hwplace status"
+    methods: ClassVar[tuple[str, ...]] = ("register_group", "deregister_group", "cluster_status")
 
     def register_group(self, record: GroupRecord) -> None:
         """Record a group about to start in the cluster's registry, leasing its devices to this job.
@@ -151,8 +151,8 @@ class TurnAddress:
 class TurnArbitration(Capability):
     """Runs a turn arbiter on each node where groups share accelerators."""
 
-    feature = "take turns on shared accelerators (Worker.turn) for groups whose placements share them"
-    methods = ("turn_arbiter",)
+    feature: ClassVar[str] = "take turns on shared accelerators (Worker.turn) for groups whose placements share them"
+    methods: ClassVar[tuple[str, ...]] = ("turn_arbiter",)
 
     def turn_arbiter(self, placement: Placement) -> TurnAddress | None:
         """In a worker process: the turn arbiter of the node of ``placement`` (the worker's own), or ``None`` when
@@ -166,8 +166,8 @@ class TurnArbitration(Capability):
 class LocalClusters(Capability):
     """Starts a throwaway cluster of several nodes on this machine, for rehearsals and tests."""
 
-    feature = "start a throwaway local cluster (hwplace run --nodes, hwplace.testing.local_ray_cluster)"
-    methods = ("local_cluster",)
+    feature: ClassVar[str] = "start a throwaway local cluster (hwplace run --nodes, hwplace.testing.local_ray_cluster)"
+    methods: ClassVar[tuple[str, ...]] = ("local_cluster",)
 
     def local_cluster(self, node_envs: Sequence[Mapping[str, str]], *,
                       cpus_per_node: int) -> AbstractContextManager[str]:

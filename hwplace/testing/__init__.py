@@ -24,11 +24,13 @@ __all__ = [
     "FAKE_ACCELERATOR",
     "ODD_CONFIGS",
     "BackendConformance",
+    "ProcessExecutor",
     "Session",
     "backend_plugin",
     "fake_cluster",
     "local_cluster",
     "local_ray_cluster",
+    "process_cluster",
     "registered_plugin",
     "swapped_session",
 ]
@@ -110,10 +112,15 @@ def _clash(manager: PluginManager, registered: str) -> str | None:
 if TYPE_CHECKING:  # what the lazy __getattr__ below hands out, as type checkers should see it
     from hwplace.testing.conformance import ODD_CONFIGS as ODD_CONFIGS
     from hwplace.testing.conformance import BackendConformance as BackendConformance
+    from hwplace.testing.processes import ProcessExecutor as ProcessExecutor
+    from hwplace.testing.processes import process_cluster as process_cluster
 
 
 def __getattr__(name: str) -> Any:
     if name in ("BackendConformance", "ODD_CONFIGS"):
         # the kit imports pytest (an optional dependency): its module is loaded on first use only
         return getattr(importlib.import_module(f"{__name__}.conformance"), name)
+    if name in ("ProcessExecutor", "process_cluster"):
+        # the process executor's modules use registered_plugin, above: loaded once this module is
+        return getattr(importlib.import_module(f"{__name__}.processes"), name)
     raise AttributeError(f"module 'hwplace.testing' has no attribute {name!r}")

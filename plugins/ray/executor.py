@@ -16,10 +16,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import hwplace
-from hwplace import ClusterConfig, ConfigError, Node, Placement, PlacementError, PluginManager
+from hwplace import ConfigError, Node, Placement, PlacementError
 from hwplace.executor import (
+    BackendRegistry,
     ChannelAddress,
     ChannelHosting,
+    ClusterSpec,
     GroupEntry,
     GroupRecord,
     GroupRequest,
@@ -86,7 +88,7 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
             self._remote[name] = made[name]()
         return self._remote[name]
 
-    def discover(self, config: ClusterConfig, plugin_manager: PluginManager) -> list[Node]:
+    def discover(self, config: ClusterSpec, plugin_manager: BackendRegistry) -> list[Node]:
         ray = connect(config.address)
         seen = [FoundNode(n["NodeID"], n["NodeManagerAddress"], HEAD_RESOURCE in n.get("Resources", {}),
                           label_rank=(n.get("Labels") or {}).get(RANK_VARIABLE))

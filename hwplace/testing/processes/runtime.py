@@ -1,0 +1,202 @@
+"""A group's worker processes, and the handles of calls on them, as the driver of a process cluster holds them.
+
+The results of a call come back in rank order; the first rank that failed is raised as a ``WorkerError``
+worded as the Ray executor words it (``"... failed: the worker process has died (node 1 is 127.0.0.1, ...)"``).
+Imports the contracts, the foundation, the runtime's hosting records and this package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import itertools
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from hwplace.contracts.executor import GroupRequest, GroupRuntime, Handle
+from hwplace.contracts.records import WorkerContext
+from hwplace.foundation.errors import CallCancelled, HwplaceError, WorkerError
+from hwplace.testing.processes.service import HubService
+from hwplace.testing.processes.wire import dumps
+from hwplace.testing.processes.workers import Outcome, WorkerProcess
+
+EXECUTOR_NAME = "processes"
+
+
+def first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(error).__name__
+
+
+@contextlib.contextmanager
+def _pickled(group: str, ranks: Sequence[int], what: str, args: tuple[Any, ...],
+             kwargs: Mapping[str, Any]) -> Iterator[None]:
+    """Turn a failure to pickle a call's arguments into a WorkerError naming the argument and its type."""
+    try:
+        yield
+    except Exception as exc:
+        named = [(f"argument {i}", v) for i, v in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+        for name, value in named:
+            try:
+                dumps(value)
+            except Exception as cause:  # whatever pickling raises names the culprit
+                problem = f"{name}, a {type(value).__module__}.{type(value).__qualname__}, cannot be pickled " \
+                          f"({first_line(cause)})"
+                break
+        else:
+            problem = f"its arguments cannot be pickled ({first_line(exc)})"
+        where = "" if len(ranks) == 1 else f" to ranks {', '.join(map(str, ranks))}"
+        raise WorkerError(f"{what} was not sent{where}: {problem}; pass plain data, arrays or tensors, or objects "
+                          "that pickle", group=group, rank=ranks[0] if len(ranks) == 1 else None) from None
+
+
+def _main_path(worker_class: type) -> str | None:
+    """The driver script's path when ``worker_class`` is defined in it (the worker loads it to find the class)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return path if worker_class.__module__ == "__main__" and isinstance(path, str) and os.path.isfile(path) else None
+
+
+class ProcessGroupRuntime(GroupRuntime):
+    """The worker processes of one group, in rank order."""
+
+    def __init__(self, request: GroupRequest, service: HubService, authkey: bytes,
+                 node_envs: Sequence[Mapping[str, str]], executor: Any, release: Callable[[str], None]) -> None:
+        self.name = request.name
+        self.worker_class = request.worker_class
+        self.specs = tuple(request.workers)
+        self._release = release
+        self._ids = itertools.count(1)
+        size = len(self.specs)
+        ranks = range(size)
+        with _pickled(self.name, ranks, "the constructor", (request.worker_class, *request.args), request.kwargs):
+            payload, main = dumps(request.worker_class), _main_path(request.worker_class)
+            contexts = [WorkerContext(self.name, rank, size, spec.placement, dict(spec.env), EXECUTOR_NAME)
+                        for rank, spec in enumerate(self.specs)]
+            starts = [dumps(("start", payload, main, context, request.args, dict(request.kwargs), executor))
+                      for context in contexts]
+        self.workers = [WorkerProcess(service, authkey, spec.python_interpreter_path,
+                                      node_envs[spec.node.rank], spec.process_env, start)
+                        for spec, start in zip(self.specs, starts, strict=True)]
+
+    def ready(self) -> Handle:
+        return ProcessHandle(self, tuple(range(len(self.workers))), [w.ready for w in self.workers], 0,
+                             "the constructor")
+
+    def call(self, ranks: Sequence[int], method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Handle:
+        call_id = next(self._ids)
+        with _pickled(self.name, ranks, f"{method}()", args, kwargs):
+            message = dumps(("call", call_id, method, args, dict(kwargs)))  # pickled once for every rank
+        futures = [self.workers[r].call(call_id, message) for r in ranks]
+        interruptible = inspect.iscoroutinefunction(getattr(self.worker_class, method, None))
+        return ProcessHandle(self, tuple(ranks), futures, call_id, f"{method}()", interruptible)
+
+    def shutdown(self) -> None:
+        for worker in self.workers:
+            worker.tell_stop()
+        for worker in self.workers:
+            worker.wait_stopped()
+        self._release(self.name)
+
+    def failure(self, rank: int, what: str, outcome: Outcome) -> HwplaceError | None:
+        """The error an outcome of ``rank`` stands for, or ``None`` for a result."""
+        kind = outcome[0]
+        spec = self.specs[rank]
+        node_rank = spec.placement.node_rank
+        if kind == "value":
+            return None
+        if kind == "failure":
+            return outcome[1].error(what, group=self.name, rank=rank, node_rank=node_rank)  # type: ignore[no-any-return]
+        if kind == "cancelled":
+            return CallCancelled(f"group {self.name!r} rank {rank} on node {node_rank}: {what} was cancelled")
+        if kind == "unpicklable":
+            return WorkerError(f"{what} returned a value that cannot be pickled ({outcome[1]}); return plain data, "
+                               "arrays, tensors or objects that pickle", group=self.name, rank=rank,
+                               node_rank=node_rank)
+        return WorkerError(f"{what} failed: the worker process has died (node {node_rank} is {spec.node.address}, "
+                           f"simulated node {spec.node.node_id}): {outcome[1]}", group=self.name, rank=rank,
+                           node_rank=node_rank)
+
+
+class ProcessHandle(Handle):
+    """Results of one call on some ranks of a group, gathered as they arrive; the first failure is raised."""
+
+    def __init__(self, runtime: ProcessGroupRuntime, ranks: tuple[int, ...],
+                 futures: list[concurrent.futures.Future[Outcome]], call_id: int, what: str,
+                 interruptible: bool = False) -> None:
+        self._runtime = runtime
+        self._ranks = ranks
+        self._futures = futures
+        self._call_id = call_id
+        self._what = what
+        self._interruptible = interruptible
+        self._cancelled = False  # once cancelled, every rank ends soon: wait reports them in rank order
+
+    def _raise_failures(self) -> None:
+        for rank, future in zip(self._ranks, self._futures, strict=True):
+            if future.done():
+                error = self._runtime.failure(rank, self._what, future.result())
+                if error is not None:
+                    raise error
+
+    def _results(self) -> list[Any]:
+        return [future.result()[1] for future in self._futures]
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+        pending = [f for f in self._futures if not f.done()]
+        if self._cancelled and pending:  # every rank ends soon: report them in rank order, not arrival order
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            concurrent.futures.wait(pending, remaining)
+        while True:
+            self._raise_failures()
+            pending = [f for f in self._futures if not f.done()]
+            if not pending:
+                return self._results()
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            finished, _ = concurrent.futures.wait(pending, remaining, return_when=concurrent.futures.FIRST_COMPLETED)
+            if not finished:
+                self._raise_failures()
+                waiting = [r for r, f in zip(self._ranks, self._futures, strict=True) if not f.done()]
+                raise TimeoutError(f"group {self._runtime.name!r}: {self._what} did not finish within {timeout:g} s "
+                                   f"on ranks {waiting}; it goes on running")
+
+    def done(self) -> bool:
+        return all(f.done() for f in self._futures)
+
+    @property
+    def num_done(self) -> int:
+        return sum(f.done() for f in self._futures)
+
+    async def wait_async(self) -> list[Any]:
+        async def one(rank: int, future: concurrent.futures.Future[Outcome]) -> None:
+            error = self._runtime.failure(rank, self._what, await asyncio.wrap_future(future))
+            if error is not None:
+                raise error
+
+        await asyncio.gather(*(one(r, f) for r, f in zip(self._ranks, self._futures, strict=True)))
+        self._raise_failures()
+        return self._results()
+
+    def cancel(self, force: bool = False) -> bool:
+        running = [(rank, f) for rank, f in zip(self._ranks, self._futures, strict=True) if not f.done()]
+        if not running:
+            return False
+        self._cancelled = True
+        if self._interruptible:  # an async method: its task in the worker is cancelled
+            for rank, _ in running:
+                self._runtime.workers[rank].cancel(self._call_id)
+            return True
+        if not force:
+            return False
+        for rank, _ in running:  # a plain method: only ending its process stops it
+            self._runtime.workers[rank].kill()
+        return True
+
+    def __repr__(self) -> str:
+        return f"<ProcessHandle {self._runtime.name!r} {self._what} on {len(self._futures)} ranks>"
