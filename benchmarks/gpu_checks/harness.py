@@ -248,6 +248,7 @@ def run_check(item: Check, gpu: bool, logs: Path, limit: float) -> dict[str, Any
     result.unlink(missing_ok=True)
     code, seconds, hung = _child(["--one", item.name, "--mode", "gpu" if gpu else "cpu", "--result", str(result)],
                                  log, limit)
+    found: dict[str, Any]
     if result.exists():
         found = json.loads(result.read_text(encoding="utf-8"))
     elif hung:

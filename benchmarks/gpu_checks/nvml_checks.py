@@ -47,7 +47,8 @@ def _torch_sees(env: dict[str, str]) -> dict[str, Any]:
 
 
 def _same_uuid(nvml_uuid: str, torch_uuid: str) -> bool:
-    return nvml_uuid.removeprefix("GPU-").removeprefix("MIG-") == torch_uuid.removeprefix("GPU-")
+    """NVML's ``GPU-<hex>`` and torch's rendering of the same UUID (with or without the prefix)."""
+    return nvml_uuid.removeprefix("GPU-").removeprefix("MIG-").lower() in torch_uuid.lower()
 
 
 def _no_nvml(problem: str) -> dict[str, Any]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
@@ -91,6 +93,26 @@ def run_peer(function: Callable[..., dict[str, Any]], connection: Connection, *a
         found = {"ok": False, "error": error_text(exc), "traceback": traceback_tail(exc, 2000)}
     found["seconds"] = round(time.monotonic() - started, 3)
     connection.send(found)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter teardown: a process group (NCCL) left undestroyed can block it
+
+
+def within(function: Callable[[], Any], cap: float) -> tuple[str, Any]:
+    """``("ok", value)``, ``("timeout", text)`` or ``("error", text)`` of ``function()`` run in a thread of its own
+    for at most ``cap`` s (a call blocked in C, a CUDA sync or a wait without a timeout, is left running)."""
+    box: list[tuple[str, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append(("ok", function()))
+        except BaseException as exc:
+            box.append(("timeout" if isinstance(exc, TimeoutError) else "error", error_text(exc)))
+
+    thread = threading.Thread(target=run, daemon=True, name="gpu-check-within")
+    thread.start()
+    thread.join(max(cap, 0.1))
+    return box[0] if box else ("timeout", f"still waiting after {cap:g} s")
 
 
 def start(function: Callable[..., dict[str, Any]], *args: Any,
@@ -126,6 +148,15 @@ def receive(connection: Connection, timeout: float, what: str, process: Any = No
     except EOFError:
         return {"ok": False, "error": f"{what}: its connection closed (exit code "
                                       f"{getattr(process, 'exitcode', None)})"}
+
+
+def answer(connection: Connection, timeout: float, what: str, process: Any) -> dict[str, Any]:
+    """Like :func:`receive`, but a peer that does not answer gives ``{"ok": False, "hung": True, ...}``."""
+    try:
+        found: dict[str, Any] = receive(connection, timeout, what, process)
+    except CheckHung as exc:
+        found = {"ok": False, "hung": True, "error": exc.message}
+    return found
 
 
 def finish(*processes: Any, timeout: float = 20) -> list[int | None]:
