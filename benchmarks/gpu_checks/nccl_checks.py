@@ -25,7 +25,7 @@ from gpu_checks.peers import FileKV, answer, finish, pair, start, within
 MiB = 2**20
 NCCL_ENV = {"NCCL_DEBUG": "WARN"}  # NCCL's own reason ("Duplicate GPU detected") lands in the check's log
 CAP = 45.0  # seconds one peer's operations may take, together, before it reports them as still waiting
-SLACK = 60.0  # more seconds the check waits for a peer's answer: spawning, importing torch, meeting the other
+SLACK = 40.0  # more seconds the check waits for a peer's answer: spawning, importing torch, meeting the other
 FILL = {"a": 1.0, "b": 2.0}
 
 
@@ -183,21 +183,6 @@ def nccl_pair_same_gpu(gpu: bool) -> dict[str, Any]:
     return _verdict(found, "a 4 MiB tensor from a to b", gpu)
 
 
-@check("nccl_concurrent_large", 120, known_defect=True,
-       issue="26 point 5: two 256 MiB sends crossing at once (send and recv on two threads of one communicator)")
-def nccl_concurrent_large(gpu: bool) -> dict[str, Any]:
-    size = 256 * MiB if gpu else 32 * MiB
-    found = _pair_run(gpu, {"a": size, "b": size}, {"a": True, "b": True})
-    try:
-        details = _verdict(found, f"two {size // MiB} MiB tensors crossing", gpu)
-    except (CheckFailed, CheckHung) as outcome:
-        if gpu:
-            outcome.details["single_gpu_cannot_show"] = "a received CUDA tensor lands on device 0 whatever the " \
-                                                        "receiver's device (needs two GPUs)"
-        raise
-    return details
-
-
 def _stream(connection: Connection, kv_root: str, me: str, peer: str, gpu: bool, nbytes: int) -> dict[str, Any]:
     """Send one large tensor after another until killed."""
     torch = _prepare(gpu)
@@ -291,4 +276,19 @@ def peer_killed(gpu: bool) -> dict[str, Any]:
                           f"{details[refused[0]]['survivor'].get('error')}", details)
     waits = {k: details[k]["survivor_wait_s"] for k in ("gloo", "nccl") if k in details}
     details["summary"] = f"the survivor raised {waits} s after the kill"
+    return details
+
+
+@check("nccl_concurrent_large", 120, known_defect=True,
+       issue="26 point 5: two 256 MiB sends crossing at once (send and recv on two threads of one communicator)")
+def nccl_concurrent_large(gpu: bool) -> dict[str, Any]:
+    size = 256 * MiB if gpu else 32 * MiB
+    found = _pair_run(gpu, {"a": size, "b": size}, {"a": True, "b": True})
+    try:
+        details = _verdict(found, f"two {size // MiB} MiB tensors crossing", gpu)
+    except (CheckFailed, CheckHung) as outcome:
+        if gpu:
+            outcome.details["single_gpu_cannot_show"] = "a received CUDA tensor lands on device 0 whatever the " \
+                                                        "receiver's device (needs two GPUs)"
+        raise
     return details
