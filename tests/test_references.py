@@ -268,7 +268,7 @@ def resolve_role(reference: Reference) -> Any:
         return follow(hwplace, [first, *rest], "hwplace")
     if hasattr(builtins, first):
         return follow(builtins, [first, *rest], "builtins")
-    if rest and importlib.util.find_spec(first) is not None:
+    if rest and first.isidentifier() and importlib.util.find_spec(first) is not None:
         raise NotOurs(reference.target)
     where = " or ".join([*(s.__qualname__ for s in reversed(scopes)), reference.module, "hwplace", "builtins"])
     raise Unresolved(f"no {first!r} in {where}")
