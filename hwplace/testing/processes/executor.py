@@ -2,10 +2,10 @@
 
 ``ProcessExecutor(num_nodes=2, accelerators_per_node=4)`` simulates nodes whose environment holds
 ``HWPLACE_NODE_RANK`` and ``HWPLACE_FAKE_ACCELERATORS``; ``node_envs`` gives each node's environment instead;
-``ProcessExecutor(inherit_env=True)`` is one node with this machine's own environment (its real accelerators).
-The driver that discovers the nodes serves the hub (:mod:`~hwplace.testing.processes.hub`); the executor pickles into the workers, where
-it reaches the hub by its address. It implements every method of the executor contract. Imports the layers
-below and this package.
+``ProcessExecutor(inherit_env=True)`` is one node with this machine's own environment (its real accelerators). The
+driver that discovers the nodes serves the hub (:mod:`~hwplace.testing.processes.hub`); the executor pickles into
+the workers, where it reaches the hub by its address. It implements every method of the executor contract. Imports
+the layers below and this package.
 """
 
 from __future__ import annotations

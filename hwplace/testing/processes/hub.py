@@ -1,9 +1,10 @@
 """The hub: what a process cluster's processes share, kept in the driver that made the cluster.
 
 The key-value store, the directory of running groups, the turn arbiters, the channels (each a
-:class:`~hwplace.channels.server.ChannelServer` on the hub's event loop, with the items stashed by reference)
-and the lease book. The driver calls it directly; the other processes through :mod:`~hwplace.testing.processes.service`, which serves
-the methods named in :data:`OPERATIONS`. Imports the contracts, the channels and the runtime's turn server.
+:class:`~hwplace.channels.server.ChannelServer` on the hub's event loop, with the items stashed by reference) and
+the lease book. The driver calls it directly; the other processes through
+:mod:`~hwplace.testing.processes.service`, which serves the methods named in :data:`OPERATIONS`. Imports the
+contracts, the channels and the runtime's turn server.
 """
 
 from __future__ import annotations
