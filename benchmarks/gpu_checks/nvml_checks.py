@@ -127,8 +127,8 @@ def sync_plan_overlap(gpu: bool) -> dict[str, Any]:
     """A source holding GPUs 0 and 1 whose tensors are on its cuda:0; a target on GPU 1 alone."""
     import hwplace
     from hwplace.planning.sync_plan import plan_sync
-    from hwplace.runtime.device_share import device_index, physical_device
-    from hwplace.runtime.weights import WeightSync
+    from hwplace.runtime.weight_sync.device_share import device_index, physical_device
+    from hwplace.runtime.weight_sync.sync import WeightSync
 
     section = {"num_nodes": 1, "component_placement": {"trainer": "0-1:0", "rollout": "1"}}
     cluster = hwplace.testing.fake_cluster(section, accelerators_per_node=2, accelerator_type="cuda")

@@ -1,5 +1,5 @@
 """What the checks' own processes share: spawning them, a key-value store over files in place of an executor's
-``kv_put``/``kv_wait``, and hwplace's messaging :class:`~hwplace.runtime.messaging.Pair` between two such
+``kv_put``/``kv_wait``, and hwplace's messaging :class:`~hwplace.runtime.messaging.messenger.Pair` between two such
 processes without an executor or Ray (the pair needs only its messenger's group entry, rank, address and
 key-value store).
 """
@@ -75,11 +75,11 @@ def pair(kv_root: str, me: str, peer: str, gpu: bool) -> Any:
     when ``gpu`` (then the pair asks the cuda backend for its collective backend, nccl), built as a Messenger
     would build it; the communicator connects through ``kv_root``."""
     from hwplace.contracts.executor import GroupEntry
-    from hwplace.runtime.messaging import Pair
+    from hwplace.runtime.messaging.messenger import Pair
 
     entries = {name: GroupEntry(name, f"launch-{name}", (placement(gpu),), (ADDRESS,)) for name in (me, peer)}
     messenger = SimpleNamespace(entry=entries[me], context=SimpleNamespace(group=me, rank=0),
-                                executor=FileKV(kv_root), address=ADDRESS)
+                                executor=FileKV(kv_root), rendezvous=FileKV(kv_root), address=ADDRESS)
     return Pair(messenger, entries[peer], 0)  # type: ignore[arg-type]
 
 

@@ -47,7 +47,7 @@ def _ready(torch: Any, gpu: bool) -> None:
 def _writer(connection: Connection, gpu: bool, nbytes: int) -> dict[str, Any]:
     import torch
 
-    from hwplace.runtime.device_share import SlotWriter
+    from hwplace.runtime.weight_sync.device_share import SlotWriter
 
     _ready(torch, gpu)
     writer = SlotWriter()
@@ -71,8 +71,8 @@ def _through_weight_stream(torch: Any, descriptor: Any) -> str:
     """What a weight-sync target's receiver makes of an announcement of this slot (weight_stream.Receiver._take,
     with a fresh slot reader): the version, ``None`` (dropped), or the error it raises."""
     from hwplace.planning.sync_plan import SHARED_MEMORY
-    from hwplace.runtime.device_share import SlotReader
-    from hwplace.runtime.weight_stream import Announcement, Receiver
+    from hwplace.runtime.weight_sync.device_share import SlotReader
+    from hwplace.runtime.weight_sync.links import Announcement, Receiver
 
     receiver = Receiver.__new__(Receiver)  # its fields only: no link, no thread
     receiver.name, receiver._transport, receiver._slots = "gpu-check", SHARED_MEMORY, SlotReader()
@@ -89,7 +89,7 @@ def _through_weight_stream(torch: Any, descriptor: Any) -> str:
 def _reader(connection: Connection, gpu: bool) -> dict[str, Any]:
     import torch
 
-    from hwplace.runtime.device_share import SlotReader, TornRead
+    from hwplace.runtime.weight_sync.device_share import SlotReader, TornRead
 
     _ready(torch, gpu)
     reader, kept, explained = SlotReader(), None, False
@@ -253,7 +253,7 @@ def _python_digest(data: bytes) -> str:
 def digest_odd_bf16(gpu: bool) -> dict[str, Any]:
     import torch
 
-    from hwplace.runtime.device_share import SlotWriter, device_digest
+    from hwplace.runtime.weight_sync.device_share import SlotWriter, device_digest
 
     device = "cuda:0" if gpu else "cpu"
     small = torch.arange(33, dtype=torch.float32, device=device).to(torch.bfloat16)  # 66 bytes
