@@ -31,7 +31,7 @@ from typing import Any
 from hwplace.contracts.capabilities import Rendezvous
 from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import HwplaceError, WeightSyncError
-from hwplace.planning.sync_plan import SHARED_MEMORY
+from hwplace.planning.sync_plan import SAME_DEVICE
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import connect, find_entry, torch_module
 from hwplace.runtime.weight_sync.buckets import Entry, Weights, check, unpack
@@ -252,7 +252,7 @@ class Receiver:
     def _take(self, note: Announcement, comm: Any, torch: Any) -> Weights | None:
         """The version ``note`` announces, checked; ``None`` when a newer one has taken its place already."""
         what = f"weight sync {self.name!r} version {note.version}"
-        if note.slot is not None and self._transport == SHARED_MEMORY:
+        if note.slot is not None and self._transport == SAME_DEVICE:
             try:
                 return Weights(note.version, MappingProxyType(self._slots.read(note.slot)))
             except TornRead:

@@ -26,7 +26,7 @@ from hwplace.contracts.capabilities import Rendezvous, require
 from hwplace.foundation.errors import ConfigError, WeightSyncError
 from hwplace.foundation.wording import safe_repr
 from hwplace.inventory.cluster import Cluster
-from hwplace.planning.sync_plan import BROADCAST, SHARED_MEMORY, SyncTarget, plan_sync
+from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SyncTarget, plan_sync
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import check_member, find_entry
 from hwplace.runtime.weight_sync.buckets import DEFAULT_BUCKET_BYTES, INLINE_BYTES, Weights, pack, sizes
@@ -73,7 +73,7 @@ class WeightSync:
         self.plan = plan
         self.bucket_bytes = bucket_bytes
         self._uid = uid
-        self._all_shared = all(t.transport in (SHARED_MEMORY, BROADCAST) for t in plan)  # this node's: one GPU
+        self._all_shared = all(t.transport in (SAME_DEVICE, OTHER_NODE) for t in plan)  # this node's: one GPU
 
     @classmethod
     def create(cls, name: str, source: str, targets: Sequence[str] = ("rollout",), source_rank: int = 0,
@@ -130,10 +130,10 @@ class WeightSync:
                                                         (t.group, t.rank)), context,
                                                         f"group {t.group!r} rank {t.rank} (node {t.node})")
             version = state.version + 1
-            node = [state.links[t.group, t.rank] for t in self.plan if t.transport != BROADCAST]
-            other = [state.links[t.group, t.rank] for t in self.plan if t.transport == BROADCAST]
+            node = [state.links[t.group, t.rank] for t in self.plan if t.transport != OTHER_NODE]
+            other = [state.links[t.group, t.rank] for t in self.plan if t.transport == OTHER_NODE]
             slot = None
-            if node and _on_device(state_dict) and any(t.transport == SHARED_MEMORY for t in self.plan):
+            if node and _on_device(state_dict) and any(t.transport == SAME_DEVICE for t in self.plan):
                 state.slots = state.slots or SlotWriter(context.placement.visible_accelerators or None)
                 slot = state.slots.write(version, state_dict)  # CUDA IPC: the same GPU, no host copy
             host_here = bool(node) and not (slot is not None and self._all_shared)

@@ -50,7 +50,7 @@ def test_cuda_tensors_reach_a_rank_on_the_same_gpu_through_cuda_ipc() -> None:
     try:
         sync = hwplace.WeightSync.create("policy", source="trainer", targets=("rollout",))
         transports = [t.transport for t in sync.plan]
-        assert transports == (["shared-memory"] if GPUS == 1 else ["shared-memory", "object-store"])
+        assert transports == (["same-device"] if GPUS == 1 else ["same-device", "same-node"])
         total = float(sum(range(4096)))
         for version, scale in ((1, 1.0), (2, 2.0), (3, 0.5)):
             waiting = rollout.latest(sync, version)

@@ -149,7 +149,7 @@ def groups(hwplace_local_ray: LocalRay):
 def test_the_plan_has_a_transport_per_target_rank(groups) -> None:
     _, _, sync = groups
     assert [(t.group, t.rank, t.node, t.transport) for t in sync.plan] == [
-        ("rollout", 0, 0, "shared-memory"), ("rollout", 1, 0, "object-store"), ("rollout", 2, 1, "broadcast")]
+        ("rollout", 0, 0, "same-device"), ("rollout", 1, 0, "same-node"), ("rollout", 2, 1, "other-node")]
 
 
 def test_versions_count_up_and_never_mix(groups) -> None:
@@ -216,7 +216,7 @@ def far(groups, hwplace_local_ray: LocalRay):
 def test_to_other_nodes_only_versions_stream_straight_from_the_tensors(groups, far) -> None:
     trainer, _, _ = groups
     sync = hwplace.WeightSync.create("far", source="trainer", targets=("far",))
-    assert [t.transport for t in sync.plan] == ["broadcast", "broadcast"]
+    assert [t.transport for t in sync.plan] == ["other-node", "other-node"]
     waiting = far.latest(sync, 1)  # before the targets join, a version is offered to the sender's thread
     assert trainer.publish(sync, 1).wait(timeout=60) == [1]
     assert waiting.wait(timeout=60) == [(1, [1.0])] * 2
@@ -270,7 +270,7 @@ def test_targets_that_all_share_the_source_accelerator_need_no_host_copy(groups,
     mate = Rollout.create_group().launch(cluster, on_the_same, name="mate")
     try:
         sync = hwplace.WeightSync.create("mate", source="trainer", targets=("mate",))
-        assert [t.transport for t in sync.plan] == ["shared-memory"]
+        assert [t.transport for t in sync.plan] == ["same-device"]
         waiting = mate.latest(sync, 1)
         assert trainer.publish_through_slots(sync, 1).wait(timeout=60) == [1]
         assert waiting.wait(timeout=60) == [(1, [1.0])]
