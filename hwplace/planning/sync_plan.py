@@ -4,7 +4,8 @@ Pure functions over :class:`~hwplace.Placement` records, naming each transport b
 ``same-device`` for a target holding an accelerator the source holds (CUDA IPC on GPUs), ``same-node`` for one on
 the source's node (the node's shared memory, read in place), ``other-node`` for one elsewhere (over a
 communicator). The plan is what the placements allow; ``publish`` confirms ``same-device`` per version from where
-the tensors are (:mod:`hwplace.runtime.weight_sync.sync`). The ``weight_sync:`` section itself is parsed in :mod:`hwplace.config.weight_sync`.
+the tensors are (:mod:`hwplace.runtime.weight_sync.transports`). The ``weight_sync:`` section itself is parsed
+in :mod:`hwplace.config.weight_sync`.
 Imports the layers below.
 """
 
