@@ -380,7 +380,11 @@ def test_a_slot_being_written_is_skipped_and_the_writer_waits_for_a_reader_copyi
     writer.write(2, {"a": torch.full((64,), 2.0)})
     written = threading.Event()
     with reader.held(d1) as data:  # a reader copying version 1: its slot is the next one written
-        thread = threading.Thread(target=lambda: (writer.write(3, {"a": torch.full((64,), 3.0)}), written.set()))
+        def write() -> None:
+            writer.write(3, {"a": torch.full((64,), 3.0)})
+            written.set()
+
+        thread = threading.Thread(target=write)
         thread.start()
         assert not written.wait(0.3)  # the writer waits for the reader, however long it takes
         assert torch.equal(data.view(torch.float32), torch.full((64,), 1.0))  # never torn

@@ -13,9 +13,8 @@ from unittest import mock
 import pytest
 
 import hwplace
-from hwplace.runtime.weight_sync import buckets
+from hwplace.runtime.weight_sync import buckets, transports
 from hwplace.runtime.weight_sync import sync as weights_module
-from hwplace.runtime.weight_sync import transports
 from hwplace.testing import swapped_session
 from hwplace_plugins.ray.pytest_plugin import LocalRay
 
