@@ -1,8 +1,11 @@
 """The plan of a weight sync: how each target rank gets the source's weights, chosen from the placements alone.
 
-Pure functions over :class:`~hwplace.Placement` records: a target sharing an accelerator with the source reads
-shared memory (CUDA IPC on GPUs), one on the source's node maps the object store's copy, one on another node
-takes part in a broadcast. The ``weight_sync:`` section itself is parsed in :mod:`hwplace.config.weight_sync`.
+Pure functions over :class:`~hwplace.Placement` records, naming each transport by where the target runs (SPEC §9):
+``same-device`` for a target holding an accelerator the source holds (CUDA IPC on GPUs), ``same-node`` for one on
+the source's node (the node's shared memory, read in place), ``other-node`` for one elsewhere (over a
+communicator). The plan is what the placements allow; ``publish`` confirms ``same-device`` per version from where
+the tensors are (:mod:`hwplace.runtime.weight_sync.transports`). The ``weight_sync:`` section itself is parsed
+in :mod:`hwplace.config.weight_sync`.
 Imports the layers below.
 """
 
@@ -13,10 +16,10 @@ from dataclasses import dataclass
 
 from hwplace.contracts.records import Placement
 
-SHARED_MEMORY = "shared-memory"
-OBJECT_STORE = "object-store"
-BROADCAST = "broadcast"
-TRANSPORTS = (SHARED_MEMORY, OBJECT_STORE, BROADCAST)
+SAME_DEVICE = "same-device"
+SAME_NODE = "same-node"
+OTHER_NODE = "other-node"
+TRANSPORTS = (SAME_DEVICE, SAME_NODE, OTHER_NODE)
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,8 @@ def share_accelerator(a: Placement, b: Placement) -> bool:
 def transport(source: Placement, target: Placement) -> str:
     """The transport from ``source`` to ``target``."""
     if share_accelerator(source, target):
-        return SHARED_MEMORY
-    return OBJECT_STORE if source.node_rank == target.node_rank else BROADCAST
+        return SAME_DEVICE
+    return SAME_NODE if source.node_rank == target.node_rank else OTHER_NODE
 
 
 def plan_sync(source: Placement, targets: Mapping[str, Sequence[Placement]]) -> tuple[SyncTarget, ...]:

@@ -20,19 +20,19 @@ def plan() -> hwplace.ComponentPlacement:
 def test_transports_follow_the_placements(plan: hwplace.ComponentPlacement) -> None:
     source = plan.get_placements("trainer")[1]
     assert plan_sync(source, {"rollout": plan.get_placements("rollout")}) == (
-        SyncTarget("rollout", 0, 0, "object-store"), SyncTarget("rollout", 1, 0, "shared-memory"),
-        SyncTarget("rollout", 2, 0, "object-store"), SyncTarget("rollout", 3, 1, "broadcast"))
+        SyncTarget("rollout", 0, 0, "same-node"), SyncTarget("rollout", 1, 0, "same-device"),
+        SyncTarget("rollout", 2, 0, "same-node"), SyncTarget("rollout", 3, 1, "other-node"))
 
 
 def test_processes_without_accelerators_share_no_accelerator(plan: hwplace.ComponentPlacement) -> None:
     cpu = plan.get_placements("cpu")
-    assert [transport(cpu[0], p) for p in cpu] == ["object-store", "broadcast"]
-    assert transport(plan.get_placements("trainer")[0], cpu[0]) == "object-store"
+    assert [transport(cpu[0], p) for p in cpu] == ["same-node", "other-node"]
+    assert transport(plan.get_placements("trainer")[0], cpu[0]) == "same-node"
 
 
 def test_accelerator_0_is_shared_like_any_other(plan: hwplace.ComponentPlacement) -> None:
     trainer, rollout = plan.get_placements("trainer"), plan.get_placements("rollout")
     assert (trainer[0].local_accelerator_id, rollout[0].local_accelerator_id) == (0, 0)
-    assert transport(trainer[0], rollout[0]) == "shared-memory"
-    assert transport(rollout[0], trainer[0]) == "shared-memory"
-    assert transport(trainer[0], rollout[1]) == "object-store"
+    assert transport(trainer[0], rollout[0]) == "same-device"
+    assert transport(rollout[0], trainer[0]) == "same-device"
+    assert transport(trainer[0], rollout[1]) == "same-node"

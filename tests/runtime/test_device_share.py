@@ -8,6 +8,7 @@ import os
 import pickle
 import re
 import struct
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from multiprocessing.connection import Connection
@@ -24,6 +25,7 @@ from hwplace.runtime.weight_sync.device_share import (
     ALIGN,
     CPU,
     ShareKind,
+    SlotOpenError,
     SlotReader,
     SlotWriter,
     TornRead,
@@ -172,7 +174,8 @@ def test_a_reader_behind_two_versions_gets_a_torn_read() -> None:
     d1 = writer.write(1, {"a": torch.ones(64)})
     d2 = writer.write(2, {"a": torch.full((64,), 2.0)})
     d3 = writer.write(3, {"a": torch.full((64,), 3.0)})
-    with pytest.raises(TornRead, match="version 1: slot 0 was overwritten or corrupted while it was read") as info:
+    with pytest.raises(TornRead, match=r"version 1: slot 0 was overwritten \(it holds version 3 of generation 1 now\)"
+                       ) as info:
         reader.read(d1)
     assert isinstance(info.value, hwplace.WeightSyncError)
     assert info.value.version == 1
@@ -180,13 +183,14 @@ def test_a_reader_behind_two_versions_gets_a_torn_read() -> None:
     assert float(reader.read(d3)["a"][0]) == 3.0
 
 
-def test_a_corrupted_byte_in_a_slot_is_a_torn_read() -> None:
+def test_a_corrupted_byte_in_a_slot_is_a_weight_sync_error_not_a_torn_read() -> None:
     writer = SlotWriter()
     descriptor = writer.write(1, {"a": torch.arange(64.0)})
     mapped = torch.empty(0, dtype=torch.uint8).set_(CPU.open(descriptor.handle, -1))
     mapped[37] ^= 16
-    with pytest.raises(TornRead, match="weight sync version 1: slot 0 was overwritten or corrupted"):
+    with pytest.raises(hwplace.WeightSyncError, match="version 1: slot 0 does not match its digest") as info:
         SlotReader().read(descriptor)
+    assert not isinstance(info.value, TornRead)  # not skipped as stale: reported
     mapped[37] ^= 16
     assert torch.equal(SlotReader().read(descriptor)["a"], torch.arange(64.0))
 
@@ -305,15 +309,18 @@ def test_a_descriptor_naming_more_bytes_than_its_slot_is_a_torn_read() -> None:
                                                           "descriptor names (corrupted)")
 
 
-def test_a_torn_read_names_both_digests_and_what_to_do() -> None:
+def test_a_torn_read_names_what_the_slot_holds_and_what_to_do_and_corruption_both_digests() -> None:
     writer = SlotWriter()
     d1 = writer.write(1, {"a": torch.ones(64)})
     writer.write(2, {"a": torch.ones(64)})
     writer.write(3, {"a": torch.full((64,), 3.0)})
-    with pytest.raises(TornRead, match=(
-            rf"^weight sync version 1: slot 0 was overwritten or corrupted while it was read \(digest "
-            rf"wsum:[0-9a-f]{{16}}:[0-9a-f]{{16}}:256, expected {re.escape(d1.digest)}\); read a newer version$")):
+    with pytest.raises(TornRead, match=(r"^weight sync version 1: slot 0 was overwritten \(it holds version 3 of "
+                                        r"generation 1 now\); read a newer version$")):
         SlotReader().read(d1)
+    with pytest.raises(hwplace.WeightSyncError, match=(
+            rf"^weight sync version 3: slot 0 does not match its digest \(digest wsum:[0-9a-f]{{16}}:[0-9a-f]{{16}}:"
+            rf"256, expected {re.escape(d1.digest)}\): corrupted; the previous version stays the latest$")):
+        SlotReader().read(replace(d1, version=3, digest=d1.digest))
 
 
 def test_a_slot_of_an_unknown_kind_is_named() -> None:
@@ -360,3 +367,88 @@ def test_a_slot_that_is_no_mapping_is_named_in_full() -> None:
     with pytest.raises(hwplace.WeightSyncError,
                        match=r"^a slot holds a non-empty mapping of names to torch tensors, got \[1, 2\]$"):
         SlotWriter().write(1, [1, 2])  # type: ignore[arg-type]
+
+
+def test_a_slot_being_written_is_skipped_and_the_writer_waits_for_a_reader_copying_it() -> None:
+    writer, reader = SlotWriter(), SlotReader()
+    d1 = writer.write(1, {"a": torch.full((64,), 1.0)})
+    with writer._locks[0].exclusive():  # as while the writer rewrites slot 0
+        with pytest.raises(TornRead, match="version 1: slot 0 is being written") as info:
+            reader.read(d1)
+        writer._locks[0].stamp(d1.generation, 1)  # it wrote version 1 again
+    assert info.value.version == 1
+    writer.write(2, {"a": torch.full((64,), 2.0)})
+    written = threading.Event()
+    with reader.held(d1) as data:  # a reader copying version 1: its slot is the next one written
+        def write() -> None:
+            writer.write(3, {"a": torch.full((64,), 3.0)})
+            written.set()
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        assert not written.wait(0.3)  # the writer waits for the reader, however long it takes
+        assert torch.equal(data.view(torch.float32), torch.full((64,), 1.0))  # never torn
+    thread.join(60)
+    assert written.is_set()
+
+
+def test_a_slot_that_cannot_be_mapped_is_an_error_naming_the_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(handle: Any, index: int) -> Any:
+        raise RuntimeError("pidfd_getfd: Operation not permitted")
+
+    writer = SlotWriter()
+    descriptor = writer.write(1, {"a": torch.ones(4)})
+    monkeypatch.setitem(device_share.KINDS, "cpu", ShareKind("cpu", CPU.share, refused))
+    with pytest.raises(SlotOpenError, match=r"^weight sync version 1: cannot map slot 0 of the source \(process "
+                                            rf"{os.getpid()}, cpu device -1\) in this process: pidfd_getfd: "
+                                            r"Operation not permitted\. .*expandable_segments") as info:
+        SlotReader().read(descriptor)
+    assert not isinstance(info.value, TornRead)  # no race to skip: every version fails so
+
+
+def test_closing_frees_the_slots_and_their_locks_and_a_reader_lets_go_of_its_mappings() -> None:
+    writer, reader = SlotWriter(), SlotReader()
+    d1 = writer.write(1, {"a": torch.ones(100)})
+    d2 = writer.write(2, {"a": torch.ones(100)})
+    reader.read(d1), reader.read(d2)
+    paths = ["/dev/shm" + d.handle[1].decode() for d in (d1, d2)]
+    assert writer.device_bytes == 2 * 400
+    assert all(os.path.exists(p) for p in paths)
+    writer.close()
+    writer.close()  # idempotent
+    assert writer.device_bytes == 0
+    with pytest.raises(TornRead, match="cannot be opened"):
+        reader.read(d2)
+    reader.close()
+    assert not any(os.path.exists(p) for p in paths)
+    with pytest.raises(hwplace.WeightSyncError, match="version 3: the device slots are closed"):
+        writer.write(3, {"a": torch.ones(100)})
+
+
+def test_a_reader_copies_into_a_buffer_it_hands_in_when_it_fits() -> None:
+    writer, reader = SlotWriter(), SlotReader()
+    buffer = torch.zeros(4096, dtype=torch.uint8)
+    got = reader.read(writer.write(1, {"a": torch.full((8,), 1.0)}), into=buffer)
+    assert got["a"].untyped_storage().data_ptr() == buffer.data_ptr()
+    assert torch.equal(buffer[:32].view(torch.float32), torch.full((8,), 1.0))
+    small = torch.zeros(4, dtype=torch.uint8)
+    got = reader.read(writer.write(2, {"a": torch.full((8,), 2.0)}), into=small)
+    assert got["a"].untyped_storage().data_ptr() != small.data_ptr()
+    assert torch.equal(got["a"], torch.full((8,), 2.0))
+
+
+def test_the_digest_of_any_length_copies_at_most_one_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[int] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(torch, name)
+
+        def zeros(self, *shape: Any, **kwargs: Any) -> Any:
+            made.append(int(torch.Size(shape[0] if shape and isinstance(shape[0], tuple) else shape).numel()))
+            return torch.zeros(*shape, **kwargs)
+
+    monkeypatch.setattr(device_share, "torch_module", Counting)
+    data = bytes(range(256)) * 40 + b"xyz"  # not a multiple of 4
+    assert device_digest(as_tensor(b"?" + data)[1:], chunk_words=16) == reference_digest(data)  # misaligned too
+    assert max(made) <= 64

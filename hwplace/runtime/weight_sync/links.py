@@ -3,18 +3,19 @@
 A link is a communicator of two members, the source (member 0) and one target rank, built when the source
 first publishes and that target first asks for weights; each target joins on its own, so one that has not
 asked yet never holds up the others. Every version is an :class:`Announcement`, pickled into one fixed-size
-buffer (a second one carries the rest of a large one). It holds the version itself when it is small
-(``inline``), or says where it lies (a :class:`~hwplace.runtime.weight_sync.segments.SegmentRef` on the source's
-node; a :class:`~hwplace.runtime.weight_sync.device_share.SlotDescriptor` on a shared accelerator), or says that
-its buckets follow (to other nodes; a large version's digests follow them, taken as they are sent: one bucket in
-flight).
+buffer (a second one carries the rest of a large one). Its one ``where`` field says where the version lies,
+as its transport (:mod:`hwplace.runtime.weight_sync.transports`) laid it down: in the announcement itself
+(:class:`InlineVersion`), in a segment of the source's node
+(:class:`~hwplace.runtime.weight_sync.segments.SegmentRef`), in a device slot
+(:class:`~hwplace.runtime.weight_sync.device_share.SlotDescriptor`), or following it on the link (:class:`Follows`;
+a large version's digests follow its buckets, taken as they are sent: one bucket in flight).
 
 :func:`fan_out` sends a version on every link whose target has joined, in ``publish``'s thread, bucket by
 bucket to all of them at once; a link whose target has not joined yet gets it from its own thread once it
 has (the newest version offered: versions offered meanwhile are skipped, never mixed). A link that breaks names
-its target. A receiver thread on each target takes versions as they come and keeps the newest one whose buckets
-match their digests; waiting for one is a wait on a condition. Imports the layers below and the runtime's
-buckets, communicator, segments and device-share modules.
+its target. A :class:`Receiver` thread on each target takes announcements as they come (and the buckets that
+follow one) and keeps the newest; the target takes the version from where it lies when it asks. Imports the
+layers below, the communicator, and the records of the segments and device-share modules.
 """
 
 from __future__ import annotations
@@ -24,19 +25,17 @@ import pickle
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from types import MappingProxyType
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hwplace.contracts.capabilities import Rendezvous
 from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import HwplaceError, WeightSyncError
-from hwplace.planning.sync_plan import SHARED_MEMORY
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import connect, find_entry, torch_module
-from hwplace.runtime.weight_sync.buckets import Entry, Weights, check, unpack
-from hwplace.runtime.weight_sync.device_share import SlotDescriptor, SlotReader, TornRead
-from hwplace.runtime.weight_sync.segments import SegmentReader, SegmentRef
+from hwplace.runtime.weight_sync.buckets import Entry
+from hwplace.runtime.weight_sync.device_share import SlotDescriptor
+from hwplace.runtime.weight_sync.segments import SegmentRef
 
 HEAD_BYTES = 8 * 1024  # an announcement travels in one broadcast of this size when its pickle fits
 ANNOUNCED_BYTES = 2 * 1024  # a version up to this size travels inside its announcement to the source's node
@@ -45,19 +44,32 @@ Buckets = Iterable[tuple[Any, str]]  # each bucket (a uint8 array) with its dige
 
 
 @dataclass(frozen=True)
+class InlineVersion:
+    """A small version in its announcement: each bucket's bytes."""
+
+    buckets: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Follows:
+    """The version's buckets follow the announcement on the link, then (``digests_follow``) their digests."""
+
+    digests_follow: bool = False
+
+
+Where = InlineVersion | SegmentRef | SlotDescriptor | Follows
+
+
+@dataclass(frozen=True)
 class Announcement:
-    """One version as a link announces it: the entries and digests, and the version itself (``inline``
-    buckets), where it lies (``segment``, ``slot``), or that its buckets ``follow`` (then their digests)."""
+    """One version as a link announces it: where it lies, and for a version in host memory its entries, each
+    bucket's digest and length."""
 
     version: int
-    entries: tuple[Entry, ...]
+    where: Where
+    entries: tuple[Entry, ...] = ()
     digests: tuple[str, ...] = ()
     lengths: tuple[int, ...] = ()
-    inline: tuple[bytes, ...] = ()
-    segment: SegmentRef | None = None
-    slot: SlotDescriptor | None = None
-    follows: bool = False  # the buckets follow on the link
-    digests_follow: bool = False  # and then their digests (taken as the buckets are sent)
 
 
 def _connect(key: str, members: tuple[Member, ...], context: WorkerContext) -> Any:
@@ -113,6 +125,7 @@ class Link:
         self.lock = threading.Lock()  # one version on the wire at a time
         self.comm: Any = None
         self.sent = 0
+        self.closed = False
         self._changed = threading.Condition()
         self._offered: tuple[Announcement, Sequence[Any]] | None = None
         threading.Thread(target=self._run, args=(key, members, context), daemon=True,
@@ -130,6 +143,14 @@ class Link:
             self._offered = (note, copies)
             self._changed.notify_all()
 
+    def close(self) -> None:
+        """End the link: its thread, and its communicator (the target sees the link end)."""
+        with self._changed:
+            self.closed = True
+            self._changed.notify_all()
+        _abort(self.comm)
+        self.comm = None
+
     def broke(self, exc: BaseException) -> WeightSyncError:
         self.error = WeightSyncError(f"weight sync {self.name!r}: the link to its target {self.where} broke "
                                      f"({_first_line(exc)}); that worker has died or shut down")
@@ -139,33 +160,46 @@ class Link:
         try:
             comm = _connect(key, members, context)
             with self.lock:
+                if self.closed:
+                    _abort(comm)
+                    return
                 self.comm = comm
             while True:
                 with self._changed:
-                    self._changed.wait_for(lambda: self._offered is not None and self._offered[0].version > self.sent)
-                    offered = self._offered
-                if offered is not None:
-                    fan_out([self], offered[0], buckets_of(*offered))
+                    self._changed.wait_for(lambda: self.closed or (self._offered is not None
+                                                                   and self._offered[0].version > self.sent))
+                    offered = None if self.closed else self._offered
+                if offered is None:
+                    return
+                fan_out([self], offered[0], buckets_of(*offered))
         except BaseException as exc:
-            if self.error is None:
+            if self.error is None and not self.closed:
                 self.broke(exc)
+
+
+def _abort(comm: Any) -> None:
+    """Abort a communicator's process group (its sockets and store go with the last reference)."""
+    if comm is not None:
+        with contextlib.suppress(Exception):
+            comm.gloo.abort()
+        comm.keep.clear()
 
 
 def buckets_of(note: Announcement, copies: Sequence[Any]) -> Buckets:
     """The buckets that follow ``note`` (``copies`` of them, with its digests), or none when none follow."""
-    return zip(copies, note.digests, strict=True) if note.follows else ()
+    return zip(copies, note.digests, strict=True) if isinstance(note.where, Follows) else ()
 
 
 def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) -> None:
     """Send ``note`` (and, when its buckets follow, ``buckets``) on every link now, each bucket to all of them
-    at once before the next is taken; links that already have this version or a newer one are left out. Raises
-    the :class:`WeightSyncError` naming a target whose link broke, after the others got the version."""
+    at once before the next is taken; links that already have this version or a newer one are left out. A link
+    that breaks keeps its error (:meth:`Link.broke`, naming its target) and the others get the version."""
     torch = torch_module()
     links = sorted(links, key=id)  # one lock order for every caller
     with contextlib.ExitStack() as held:
         for link in links:
             held.enter_context(link.lock)
-        live = [link for link in links if link.sent < note.version and link.error is None]
+        live = [link for link in links if link.sent < note.version and link.error is None and not link.closed]
         works: dict[int, list[Any]] = {}
 
         def start(link: Link, op: Callable[..., list[Any]], *args: Any) -> None:
@@ -188,7 +222,7 @@ def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) ->
         for link in list(live):
             start(link, send_pickle, note, torch)  # the buckets go out without waiting for it to land
         digests = []
-        if note.follows:
+        if isinstance(note.where, Follows):
             with warnings.catch_warnings():  # buffers may be read-only; the source only reads them
                 warnings.simplefilter("ignore", UserWarning)
                 for buffer, digest in buckets:
@@ -198,103 +232,75 @@ def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) ->
                             start(link, _broadcast, tensor)
                         settle()  # one bucket in flight
                     digests.append(digest)
-            if note.digests_follow:
+            if note.where.digests_follow:
                 for link in list(live):
                     start(link, send_pickle, tuple(digests), torch)
         settle()
         for link in live:
             link.sent = note.version
-        broken = [link for link in links if link.error is not None]
-    if broken:
-        raise broken[0].error  # type: ignore[misc]
 
 
 class Receiver:
-    """A target's end of its link: takes versions as they come and keeps the newest one that is intact."""
+    """A target's end of its link: takes announcements as they come (with the buckets that follow one) and keeps
+    the newest for the target to take when it asks."""
 
-    def __init__(self, name: str, key: str, members: tuple[Member, ...], context: WorkerContext,
-                 transport: str) -> None:
+    def __init__(self, name: str, key: str, members: tuple[Member, ...], context: WorkerContext) -> None:
         self.name = name
-        self._transport = transport
-        self._segments = SegmentReader()
-        self._slots = SlotReader(context.placement.visible_accelerators or None)
         self._changed = threading.Condition()
-        self._kept: Weights | None = None
-        self._bad: WeightSyncError | None = None  # a newer version that arrived broken, until reported
-        self._bad_version = 0
+        self._newest: tuple[Announcement, list[Any] | None] | None = None
         self._error: HwplaceError | None = None
+        self._closed = False
+        self._comm: Any = None
         threading.Thread(target=self._run, args=(key, members, context), daemon=True,
                          name=f"hwplace-wsync-recv-{name}").start()
 
     def _run(self, key: str, members: tuple[Member, ...], context: WorkerContext) -> None:
         torch = torch_module()
         try:
-            comm = _connect(key, members, context)
+            self._comm = comm = _connect(key, members, context)
+            if self._closed:
+                _abort(comm)
+                return
             while True:
                 note: Announcement = recv_pickle(comm, torch)
-                try:
-                    weights = self._take(note, comm, torch)
-                except WeightSyncError as exc:
-                    with self._changed:
-                        self._bad, self._bad_version = exc, note.version
-                        self._changed.notify_all()
-                    continue
-                if weights is not None:
-                    with self._changed:
-                        self._kept = weights
-                        self._changed.notify_all()
+                buffers = None
+                if isinstance(note.where, Follows):
+                    buffers = []
+                    for length in note.lengths:
+                        buffer = torch.empty(length, dtype=torch.uint8)
+                        if length:
+                            comm.gloo.broadcast(buffer, 0).wait()
+                        buffers.append(buffer.numpy())
+                    if note.where.digests_follow:
+                        note = replace(note, digests=recv_pickle(comm, torch))
+                with self._changed:
+                    self._newest = (note, buffers)
+                    self._changed.notify_all()
         except BaseException as exc:
             with self._changed:
-                self._error = WeightSyncError(f"weight sync {self.name!r}: the link from the source broke "
-                                              f"({_first_line(exc)})")
+                if not self._closed:
+                    self._error = WeightSyncError(f"weight sync {self.name!r}: the link from the source broke "
+                                                  f"({_first_line(exc)})")
                 self._changed.notify_all()
 
-    def _take(self, note: Announcement, comm: Any, torch: Any) -> Weights | None:
-        """The version ``note`` announces, checked; ``None`` when a newer one has taken its place already."""
-        what = f"weight sync {self.name!r} version {note.version}"
-        if note.slot is not None and self._transport == SHARED_MEMORY:
-            try:
-                return Weights(note.version, MappingProxyType(self._slots.read(note.slot)))
-            except TornRead:
-                return None  # the source wrote two newer versions meanwhile: the next announcement is newer
-        digests = note.digests
-        if note.follows:
-            buffers = []
-            for length in note.lengths:
-                buffer = torch.empty(length, dtype=torch.uint8)
-                if length:
-                    comm.gloo.broadcast(buffer, 0).wait()
-                buffers.append(buffer.numpy())
-            if note.digests_follow:
-                digests = recv_pickle(comm, torch)
-        elif note.segment is not None:
-            taken = self._segments.take(note.segment)
-            if taken is None:
-                return None
-            buffers = taken
-        else:
-            import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
-
-            buffers = [np.frombuffer(data, dtype=np.uint8) for data in note.inline]
-        check(buffers, digests, what)
-        return Weights(note.version, MappingProxyType(unpack(note.entries, buffers)))
-
-    def latest(self, min_version: int, timeout: float | None) -> Weights:
-        wanted = max(min_version, 1)
-
-        def ready() -> bool:
-            kept = self._kept.version if self._kept else 0
-            return self._error is not None or self._bad is not None or kept >= wanted
-
+    def newest(self, after: int, timeout: float | None) -> tuple[Announcement, list[Any] | None] | None:
+        """The newest announcement of a version after ``after`` (with its buckets when they followed it),
+        waiting up to ``timeout`` s for one (None: without end); None when none came, the link's error when it
+        broke."""
         with self._changed:
-            if not self._changed.wait_for(ready, timeout):
-                raise TimeoutError(f"weight sync {self.name!r}: no version >= {wanted} within {timeout:g} s")
-            if self._bad is not None:
-                bad, self._bad = self._bad, None
-                if self._kept is None or self._kept.version < self._bad_version:
-                    raise bad
-            if self._kept is not None and self._kept.version >= wanted:
-                return self._kept
+            self._changed.wait_for(lambda: (self._newest is not None and self._newest[0].version > after)
+                                   or self._error is not None or self._closed, timeout)
+            if self._newest is not None and self._newest[0].version > after:
+                return self._newest
             if self._error is not None:
                 raise self._error
-            raise TimeoutError(f"weight sync {self.name!r}: no version >= {wanted} yet")
+            return None
+
+    def close(self) -> None:
+        """End the receiver and its communicator."""
+        with self._changed:
+            self._closed = True
+            self._newest = None
+            self._changed.notify_all()
+        _abort(self._comm)
+        self._comm = None

@@ -1,24 +1,20 @@
 """``hwplace.WeightSync``: versioned, digest-checked weights from one source rank to the ranks of target groups.
 
 Created on the driver once the groups run, it carries its plan (:mod:`hwplace.planning.sync_plan`) and pickles
-into worker methods. ``publish`` packs the state dict into buckets (:mod:`hwplace.runtime.weight_sync.buckets`) and
-announces each version on a link to each target (:mod:`hwplace.runtime.weight_sync.links`):
-
-- targets on the source's node: a small version travels in its announcement; a larger one is written once, bucket
-  after bucket, into a shared-memory segment of the source (:mod:`hwplace.runtime.weight_sync.segments`), which they map
-  without a copy; CUDA tensors reach a target on the same GPU through CUDA IPC
-  (:mod:`hwplace.runtime.weight_sync.device_share`), without passing through host memory;
-- targets on other nodes: the buckets follow the announcement on the link, straight from the source's tensors
-  once every such target has joined.
-
-Every bucket's digest is checked on the target before the version becomes its latest. Imports the layers below
-and those modules.
+into worker methods. ``publish`` chooses each target's transport for the version
+(:func:`~hwplace.runtime.weight_sync.transports.choose`: ``same-device`` only when the tensors lie on a GPU the
+target holds), lays the version down once per transport (:class:`~hwplace.runtime.weight_sync.transports.Source`)
+and announces it on a link to each target (:mod:`hwplace.runtime.weight_sync.links`); a target takes it when it
+asks (:mod:`hwplace.runtime.weight_sync.intake`), checking every bucket's digest before the version becomes its
+latest. A target whose link broke is dropped, named in a warning and in ``dead_targets``; the others go on.
+``close()`` lets go of everything a process holds for the sync. Imports the layers below and those modules.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,13 +22,13 @@ from hwplace.contracts.capabilities import Rendezvous, require
 from hwplace.foundation.errors import ConfigError, WeightSyncError
 from hwplace.foundation.wording import safe_repr
 from hwplace.inventory.cluster import Cluster
-from hwplace.planning.sync_plan import BROADCAST, SHARED_MEMORY, SyncTarget, plan_sync
+from hwplace.planning.sync_plan import SAME_DEVICE, TRANSPORTS, SyncTarget, plan_sync
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import check_member, find_entry
-from hwplace.runtime.weight_sync.buckets import DEFAULT_BUCKET_BYTES, INLINE_BYTES, Weights, pack, sizes
-from hwplace.runtime.weight_sync.device_share import SlotDescriptor, SlotWriter
-from hwplace.runtime.weight_sync.links import ANNOUNCED_BYTES, Announcement, Link, Receiver, buckets_of, fan_out
-from hwplace.runtime.weight_sync.segments import SegmentPool
+from hwplace.runtime.weight_sync.buckets import DEFAULT_BUCKET_BYTES, Weights
+from hwplace.runtime.weight_sync.intake import Intake
+from hwplace.runtime.weight_sync.links import Link, Receiver
+from hwplace.runtime.weight_sync.transports import SameDevice, SameNode, Source, choose, source_device
 
 
 class _State:
@@ -43,9 +39,10 @@ class _State:
         self.lock = threading.Lock()
         self.version = 0
         self.links: dict[tuple[str, int], Link] = {}
-        self.segments: SegmentPool | None = None
-        self.slots: SlotWriter | None = None
-        self.receiver: Receiver | None = None
+        self.dead: dict[tuple[str, int], str] = {}  # targets whose link broke: why
+        self.source: Source | None = None
+        self.intake: Intake | None = None
+        self.closed = False
 
 
 def _states() -> dict[str, _State]:
@@ -62,18 +59,19 @@ class WeightSync:
     ``WeightSync.create(name, source, targets, source_rank=0)`` on the driver; pass it to worker methods.
     ``sync.publish(state_dict)`` on the source returns the new version (1, 2, ...); ``sync.latest(min_version,
     timeout)`` on a target returns :class:`Weights`; ``sync.load_into(module)`` loads them into a torch module.
-    ``sync.plan`` lists each target rank's group, rank, node and transport.
+    ``sync.plan`` lists each target rank's group, rank, node and transport; ``sync.device_bytes(model_bytes)``
+    the GPU memory the sync costs; ``sync.close()`` lets go of what this process holds for it.
     """
 
     def __init__(self, name: str, source: str, source_rank: int, plan: tuple[SyncTarget, ...], uid: str,
-                 bucket_bytes: int) -> None:
+                 bucket_bytes: int, holds: Mapping[tuple[str, int], tuple[int, ...]] | None = None) -> None:
         self.name = name
         self.source = source
         self.source_rank = source_rank
         self.plan = plan
         self.bucket_bytes = bucket_bytes
         self._uid = uid
-        self._all_shared = all(t.transport in (SHARED_MEMORY, BROADCAST) for t in plan)  # this node's: one GPU
+        self._holds = dict(holds or {})  # same-device targets: the node-local hardware ranks each holds
 
     @classmethod
     def create(cls, name: str, source: str, targets: Sequence[str] = ("rollout",), source_rank: int = 0,
@@ -97,8 +95,11 @@ class WeightSync:
         check_member(entry, source_rank, "source_rank")
         if source in targets:
             raise ConfigError("targets", f"include the source group {source!r}", allowed="other groups")
-        plan = plan_sync(entry.placements[source_rank], {t: find_entry(executor, t).placements for t in targets})
-        return cls(name, source, source_rank, plan, os.urandom(8).hex(), bucket_bytes)
+        placements = {t: find_entry(executor, t).placements for t in targets}
+        plan = plan_sync(entry.placements[source_rank], placements)
+        holds = {(t.group, t.rank): placements[t.group][t.rank].local_hardware_ranks for t in plan
+                 if t.transport == SAME_DEVICE}
+        return cls(name, source, source_rank, plan, os.urandom(8).hex(), bucket_bytes, holds)
 
     def __repr__(self) -> str:
         targets = sorted({t.group for t in self.plan})
@@ -121,57 +122,72 @@ class WeightSync:
             raise WeightSyncError(f"publish takes a mapping of names to tensors, got {safe_repr(state_dict)}")
         state = self._state()
         with state.lock:
-            for link in state.links.values():
-                if link.error is not None:
-                    raise link.error
+            self._check_open(state)
             for t in self.plan:
-                if (t.group, t.rank) not in state.links:
+                if (t.group, t.rank) not in state.links and (t.group, t.rank) not in state.dead:
                     state.links[t.group, t.rank] = Link(self.name, self._key(t), ((self.source, self.source_rank),
                                                         (t.group, t.rank)), context,
                                                         f"group {t.group!r} rank {t.rank} (node {t.node})")
+            self._bury(state)
             version = state.version + 1
-            node = [state.links[t.group, t.rank] for t in self.plan if t.transport != BROADCAST]
-            other = [state.links[t.group, t.rank] for t in self.plan if t.transport == BROADCAST]
-            slot = None
-            if node and _on_device(state_dict) and any(t.transport == SHARED_MEMORY for t in self.plan):
-                state.slots = state.slots or SlotWriter(context.placement.visible_accelerators or None)
-                slot = state.slots.write(version, state_dict)  # CUDA IPC: the same GPU, no host copy
-            host_here = bool(node) and not (slot is not None and self._all_shared)
-            if host_here or other:
-                self._send_host(state, version, state_dict, node if host_here else [], other, slot)
-            if node and not host_here:
-                _deliver(node, Announcement(version, (), slot=slot))
+            visible = context.placement.visible_accelerators or None
+            device = source_device(state_dict, visible)
+            links: dict[str, list[Link]] = {name: [] for name in TRANSPORTS}
+            for t in self.plan:
+                link = state.links.get((t.group, t.rank))
+                if link is not None:
+                    links[choose(t.transport, self._holds.get((t.group, t.rank), ()), device)].append(link)
+            state.source = state.source or Source(self._uid, visible, self.bucket_bytes)
+            state.source.publish(version, state_dict, links)
+            self._bury(state)
             state.version = version
             return version
 
-    def _send_host(self, state: _State, version: int, state_dict: Mapping[str, Any], node: list[Link],
-                   other: list[Link], slot: SlotDescriptor | None) -> None:
-        """The version in host memory: packed into buckets, copied once for this node (in its announcement when
-        small, else into a segment) and announced there; sent on to the other nodes."""
-        entries, buckets = pack(state_dict, self.bucket_bytes)
-        lengths = tuple(sizes(entries))
-        if not node and all(link.connected for link in other):  # no copy: straight from the tensors
-            small = sum(lengths) <= INLINE_BYTES  # packed whole first, so its digests go ahead of the buckets
-            sent: Any = list(buckets) if small else buckets
-            ahead = tuple(d for _, d in sent) if small else ()
-            fan_out(other, Announcement(version, tuple(entries), ahead, lengths, follows=True,
-                                        digests_follow=not small), sent)
-            return
-        copies: list[Any]
-        if node and sum(lengths) > ANNOUNCED_BYTES:
-            state.segments = state.segments or SegmentPool(self._uid)
-            segment, digests = state.segments.write(version, lengths, buckets)
-            note = Announcement(version, tuple(entries), tuple(digests), lengths, segment=segment, slot=slot)
-            copies = state.segments.views(segment) if other else []
-        else:
-            pairs = [(bucket.copy(), digest) for bucket, digest in buckets]
-            copies, digests = [b for b, _ in pairs], [d for _, d in pairs]
-            note = Announcement(version, tuple(entries), tuple(digests), lengths, slot=slot,
-                                inline=tuple(b.tobytes() for b in copies) if node else ())
-        if node:
-            _deliver(node, note)
-        if other:
-            _deliver(other, Announcement(version, note.entries, note.digests, lengths, follows=True), copies)
+    def _bury(self, state: _State) -> None:
+        """Drop the links that broke, each named in a warning and in :attr:`dead_targets`; the others go on."""
+        for key, link in list(state.links.items()):
+            if link.error is not None:
+                del state.links[key]
+                state.dead[key] = str(link.error)
+                link.close()
+                warnings.warn(f"{link.error}; it gets no more versions, the other targets do", RuntimeWarning,
+                              stacklevel=3)
+
+    @property
+    def dead_targets(self) -> dict[tuple[str, int], str]:
+        """On the source: the targets (group, rank) whose link broke, each with why; they get no more versions."""
+        state = self._state()
+        with state.lock:
+            return dict(state.dead)
+
+    def device_bytes(self, model_bytes: int) -> dict[str, int]:
+        """The most GPU memory this sync takes besides the model itself, for a state dict of ``model_bytes``,
+        by who holds it: ``"source"`` (two device slots, when a target shares its GPU) and ``"<group> <rank>"``
+        for each same-device target (its copy of the version ``latest()`` returned; none with ``load_into``)."""
+        shared = [t for t in self.plan if t.transport == SAME_DEVICE]
+        if not shared:
+            return {}
+        return {"source": 2 * model_bytes, **{f"{t.group} {t.rank}": model_bytes for t in shared}}
+
+    def close(self) -> None:
+        """Let go of everything this process holds for the sync: on the source its device slots, segments and
+        links, on a target its link, kept version and mappings. Idempotent; the sync is closed in this process."""
+        state = self._state()
+        with state.lock:
+            state.closed = True
+            for link in state.links.values():
+                link.close()
+            state.links.clear()
+            if state.source is not None:
+                state.source.close()
+                state.source = None
+            intake, state.intake = state.intake, None
+        if intake is not None:
+            intake.close()
+
+    def _check_open(self, state: _State) -> None:
+        if state.closed:
+            raise WeightSyncError(f"weight sync {self.name!r} is closed in this process (close() was called)")
 
     def _me(self, what: str) -> SyncTarget:
         context = session().worker_context(what)
@@ -190,36 +206,24 @@ class WeightSync:
         """
         if isinstance(min_version, bool) or not isinstance(min_version, int) or min_version < 0:
             raise WeightSyncError(f"min_version is a version number (0 or more), got {safe_repr(min_version)}")
-        me = self._me("WeightSync.latest")
+        return self._intake("WeightSync.latest").latest(min_version, timeout)
+
+    def _intake(self, what: str) -> Intake:
+        me = self._me(what)
         state = self._state()
         with state.lock:
-            if state.receiver is None:
+            self._check_open(state)
+            if state.intake is None:
                 members = ((self.source, self.source_rank), (me.group, me.rank))
-                state.receiver = Receiver(self.name, self._key(me), members,
-                                          session().worker_context("WeightSync.latest"), me.transport)
-        return state.receiver.latest(min_version, timeout)
+                context = session().worker_context(what)
+                visible = context.placement.visible_accelerators or None
+                state.intake = Intake(self.name, Receiver(self.name, self._key(me), members, context),
+                                      SameDevice(visible), SameNode(self._uid))
+            return state.intake
 
     def load_into(self, module: Any, min_version: int = 0, timeout: float | None = None) -> int:
-        """Load the latest weights into a torch module (``load_state_dict``); returns their version."""
-        weights = self.latest(min_version, timeout)
-        module.load_state_dict(dict(weights.tensors))
-        return weights.version
-
-
-def _on_device(state_dict: Mapping[str, Any]) -> bool:
-    """Whether the state dict's tensors are on an accelerator (then a shared accelerator takes them there)."""
-    device = getattr(next(iter(state_dict.values()), None), "device", None)
-    return getattr(device, "type", "cpu") != "cpu"
-
-
-def _deliver(links: list[Link], note: Announcement, copies: Sequence[Any] = ()) -> None:
-    """Send ``note`` now to the targets that have joined; leave it, with copies of ``copies`` (its buckets, when
-    they follow), to the others' links until they join."""
-    waiting = [link for link in links if not link.connected]
-    if waiting:
-        kept = [c.copy() for c in copies]  # the caller's buffers may change after publish returns
-        for link in waiting:
-            link.offer(note, kept)
-    ready = [link for link in links if link not in waiting]
-    if ready:
-        fan_out(ready, note, buckets_of(note, copies))
+        """Load the latest weights into a torch module (``load_state_dict``); returns their version. A version on
+        this GPU (``same-device``) is copied from the source's slot straight into the module's parameters."""
+        if isinstance(min_version, bool) or not isinstance(min_version, int) or min_version < 0:
+            raise WeightSyncError(f"min_version is a version number (0 or more), got {safe_repr(min_version)}")
+        return self._intake("WeightSync.load_into").load_into(module, min_version, timeout)

@@ -4,13 +4,14 @@ other process on the GPU, without host memory, torn reads included; skips, sayin
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
 import pytest
 from slot_reading import ask, raw, reading_process
 
-from hwplace.runtime.weight_sync.device_share import SlotWriter, TornRead
+from hwplace.runtime.weight_sync.device_share import SlotOpenError, SlotWriter, TornRead, device_digest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: pip install 'hwplace[torch]'")
 
@@ -57,3 +58,40 @@ def test_cuda_slots_are_read_on_the_gpu_in_another_process(other_process: Connec
     d4 = writer.write(4, grown)
     assert (d4.slot, d4.handle != d2.handle) == (1, True)
     assert ask(other_process, d4) == expected(grown)
+
+
+@needs_a_gpu
+@pytest.mark.time_limit(300)
+def test_a_cuda_slot_that_cannot_be_mapped_is_an_error_naming_the_cause(other_process: Connection) -> None:
+    writer = SlotWriter()
+    descriptor = writer.write(1, state(1.0))
+    broken = replace(descriptor, handle=(descriptor.handle[0], b"\0" * len(descriptor.handle[1]),
+                                         *descriptor.handle[2:]))
+    error = ask(other_process, broken)
+    assert isinstance(error, SlotOpenError), error
+    assert "cannot map slot 0 of the source" in str(error)
+    assert ask(other_process, descriptor) == expected(state(1.0))  # the real one still reads
+
+
+@needs_a_gpu
+@pytest.mark.time_limit(300)
+def test_closing_the_writer_gives_its_slots_back(other_process: Connection) -> None:
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(0)
+    writer = SlotWriter()
+    big = {"w": torch.ones(2**22, device="cuda:0")}  # 16 MiB
+    ask(other_process, writer.write(1, big))
+    ask(other_process, writer.write(2, big))
+    assert writer.device_bytes == 2 * 2**24
+    writer.close()
+    writer.close()
+    assert writer.device_bytes == 0
+    assert torch.cuda.memory_allocated(0) - before == 2**24  # only the state dict itself is left
+
+
+@needs_a_gpu
+@pytest.mark.parametrize("length", [1, 5, 4097, 2**20 + 3])
+def test_the_digest_on_the_gpu_is_the_one_on_the_cpu_at_any_length(length: int) -> None:
+    data = torch.randint(0, 256, (length + 1,), dtype=torch.uint8)
+    for view in (data[:length], data[1:]):
+        assert device_digest(view.cuda(), chunk_words=1000) == device_digest(view, chunk_words=1000)

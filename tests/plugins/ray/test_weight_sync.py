@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+import warnings
 from typing import Any
 from unittest import mock
 
 import pytest
 
 import hwplace
-from hwplace.runtime.weight_sync import buckets
+from hwplace.runtime.weight_sync import buckets, transports
 from hwplace.runtime.weight_sync import sync as weights_module
 from hwplace.testing import swapped_session
 from hwplace_plugins.ray.pytest_plugin import LocalRay
@@ -62,7 +63,7 @@ class Trainer(hwplace.Worker):
 
             return entries, flipped()
 
-        with mock.patch.object(weights_module, "pack", corrupting):
+        with mock.patch.object(transports, "pack", corrupting):
             return sync.publish(state_dict(version) if state is None else state)
 
 
@@ -81,22 +82,24 @@ class Trainer(hwplace.Worker):
     def publish_through_slots(self, sync: hwplace.WeightSync, version: int) -> int:
         """Publish as if the tensors were on an accelerator: the device-share slots then carry them to the rank
         that shares it (here torch's CPU shared memory, standing in for CUDA IPC), the others read host copies."""
-        with mock.patch.object(weights_module, "_on_device", return_value=True):
+        with mock.patch.object(weights_module, "source_device", return_value=0):  # GPU 0, which rollout 0 holds
             return sync.publish(state_dict(version))
 
     def segments(self, sync: hwplace.WeightSync) -> int:
         """How many shared-memory segments this source holds for ``sync``."""
-        segments = sync._state().segments
-        return 0 if segments is None else segments.count
+        source = sync._state().source
+        return 0 if source is None else source.same_node.count
 
-    def publish_until_it_fails(self, sync: hwplace.WeightSync, attempts: int) -> str:
-        for attempt in range(1, attempts + 1):
-            try:
-                sync.publish(state_dict(attempt))
-            except hwplace.WeightSyncError as exc:
-                return str(exc)
+    def publish_until_one_dies(self, sync: hwplace.WeightSync, attempts: int) -> tuple[int, str, dict[Any, str]]:
+        """Publish until a warning names a dead target: the version then, the warning, ``sync.dead_targets``."""
+        for attempt in range(2, attempts + 2):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                version = sync.publish(state_dict(attempt))
+            if caught:
+                return version, str(caught[0].message), sync.dead_targets
             time.sleep(0.1)
-        return f"published {attempts} versions"
+        return attempts, "no warning", sync.dead_targets
 
 
 class Rollout(hwplace.Worker):
@@ -116,8 +119,9 @@ class Rollout(hwplace.Worker):
         return version, float(model.head.weight.float().mean())
 
     def slots_mapped(self, sync: hwplace.WeightSync) -> int:
-        receiver = sync._state().receiver
-        return 0 if receiver is None else len(receiver._slots._mapped)
+        intake = sync._state().intake
+        reader = None if intake is None else intake.same_device.reader
+        return 0 if reader is None else len(reader._mapped)
 
     def pid(self) -> int:
         return os.getpid()
@@ -149,7 +153,7 @@ def groups(hwplace_local_ray: LocalRay):
 def test_the_plan_has_a_transport_per_target_rank(groups) -> None:
     _, _, sync = groups
     assert [(t.group, t.rank, t.node, t.transport) for t in sync.plan] == [
-        ("rollout", 0, 0, "shared-memory"), ("rollout", 1, 0, "object-store"), ("rollout", 2, 1, "broadcast")]
+        ("rollout", 0, 0, "same-device"), ("rollout", 1, 0, "same-node"), ("rollout", 2, 1, "other-node")]
 
 
 def test_versions_count_up_and_never_mix(groups) -> None:
@@ -216,7 +220,7 @@ def far(groups, hwplace_local_ray: LocalRay):
 def test_to_other_nodes_only_versions_stream_straight_from_the_tensors(groups, far) -> None:
     trainer, _, _ = groups
     sync = hwplace.WeightSync.create("far", source="trainer", targets=("far",))
-    assert [t.transport for t in sync.plan] == ["broadcast", "broadcast"]
+    assert [t.transport for t in sync.plan] == ["other-node", "other-node"]
     waiting = far.latest(sync, 1)  # before the targets join, a version is offered to the sender's thread
     assert trainer.publish(sync, 1).wait(timeout=60) == [1]
     assert waiting.wait(timeout=60) == [(1, [1.0])] * 2
@@ -233,7 +237,8 @@ def test_to_other_nodes_only_versions_stream_straight_from_the_tensors(groups, f
 
 
 @pytest.mark.parametrize("nodes", [[0, 0], [1, 1]], ids=["same node", "other node"])
-def test_a_target_that_dies_is_named_by_publish(hwplace_local_ray: LocalRay, nodes: list[int]) -> None:
+def test_a_target_that_dies_is_named_and_the_others_keep_getting_versions(hwplace_local_ray: LocalRay,
+                                                                          nodes: list[int]) -> None:
     cluster = hwplace.Cluster(CONFIG["cluster"])
     source = Trainer.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="source")
     victim = Rollout.create_group().launch(cluster, hwplace.NodePlacementStrategy(nodes), name="victim")
@@ -243,10 +248,13 @@ def test_a_target_that_dies_is_named_by_publish(hwplace_local_ray: LocalRay, nod
         source.publish(sync, 1).wait(timeout=60)
         assert waiting.wait(timeout=60) == [(1, [1.0])] * 2
         victim.execute_on(1).die()
-        [answer] = source.publish_until_it_fails(sync, 100).wait(timeout=120)
-        assert answer.startswith(f"weight sync 'dies': the link to its target group 'victim' rank 1 (node {nodes[1]}) "
-                                 "broke"), answer
-        assert answer.endswith("that worker has died or shut down"), answer
+        [(version, warning, dead)] = source.publish_until_one_dies(sync, 100).wait(timeout=120)
+        assert warning.startswith(f"weight sync 'dies': the link to its target group 'victim' rank 1 (node "
+                                  f"{nodes[1]}) broke"), warning
+        assert warning.endswith("that worker has died or shut down; it gets no more versions, the other targets do")
+        assert list(dead) == [("victim", 1)]
+        assert source.publish(sync, 50).wait(timeout=60) == [version + 1]  # no error: the healthy one goes on
+        assert victim.execute_on(0).latest(sync, version + 1).wait(timeout=60) == [(version + 1, [50.0])]
     finally:
         source.shutdown()
         victim.shutdown()
@@ -270,7 +278,7 @@ def test_targets_that_all_share_the_source_accelerator_need_no_host_copy(groups,
     mate = Rollout.create_group().launch(cluster, on_the_same, name="mate")
     try:
         sync = hwplace.WeightSync.create("mate", source="trainer", targets=("mate",))
-        assert [t.transport for t in sync.plan] == ["shared-memory"]
+        assert [t.transport for t in sync.plan] == ["same-device"]
         waiting = mate.latest(sync, 1)
         assert trainer.publish_through_slots(sync, 1).wait(timeout=60) == [1]
         assert waiting.wait(timeout=60) == [(1, [1.0])]

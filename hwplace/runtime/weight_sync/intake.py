@@ -1,0 +1,137 @@
+"""A target's side of one weight sync: the versions announced on its link, taken when it asks.
+
+The receiver (:class:`~hwplace.runtime.weight_sync.links.Receiver`) keeps the newest announcement; ``latest()`` and
+``load_into`` take it, by the transport its ``where`` names (:mod:`hwplace.runtime.weight_sync.transports`), in the
+caller's thread: nothing is copied behind the caller's back (on a shared GPU, never while the trainer holds its
+turn). A version whose slot or segment holds a newer one by then is skipped for that one; a version that does not
+match its digests is a ``WeightSyncError``, once, and the previous one stays the latest. The target keeps the
+newest version it took; a same-device version is copied into the buffer of the one before when nothing else
+holds that any more, and ``load_into`` copies one straight from the source's slot into the module. Imports the
+layers below and the room's buckets, device-share, links and transports modules.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import MappingProxyType
+from typing import Any
+
+from hwplace.runtime.messaging.communicator import torch_module
+from hwplace.runtime.weight_sync.buckets import Weights
+from hwplace.runtime.weight_sync.device_share import SlotDescriptor, TornRead, views
+from hwplace.runtime.weight_sync.links import Announcement, Follows, Receiver
+from hwplace.runtime.weight_sync.transports import OtherNode, SameDevice, SameNode
+
+
+class Intake:
+    """The versions of one weight sync in a target process."""
+
+    def __init__(self, name: str, receiver: Receiver, same_device: SameDevice, same_node: SameNode) -> None:
+        self.name = name
+        self.receiver = receiver
+        self.same_device = same_device
+        self.same_node = same_node
+        self._lock = threading.Lock()  # one taker at a time
+        self._kept: Weights | None = None
+        self._kept_note: Announcement | None = None
+        self._buffer: Any = None  # the device buffer the kept same-device version lies in
+        self._seen = 0  # the newest version taken or tried
+
+    def latest(self, min_version: int, timeout: float | None) -> Weights:
+        """The newest version that is intact, waiting (up to ``timeout`` s) for one at least ``min_version``."""
+        with self._lock:
+            self._take(max(min_version, 1), timeout, None)
+            assert self._kept is not None
+            return self._kept
+
+    def load_into(self, module: Any, min_version: int, timeout: float | None) -> int:
+        """Load the newest intact version into ``module`` (``load_state_dict``); returns its version."""
+        with self._lock:
+            return self._take(max(min_version, 1), timeout, module)
+
+    def _take(self, wanted: int, timeout: float | None, module: Any) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            have = self._kept.version if self._kept is not None else 0
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            got = self.receiver.newest(self._seen, wait if have < wanted else 0)
+            if got is None:
+                if have >= wanted:
+                    if module is not None:
+                        module.load_state_dict(dict(self._kept.tensors))  # type: ignore[union-attr]
+                    return have
+                raise TimeoutError(f"weight sync {self.name!r}: no version >= {wanted} within {timeout:g} s"
+                                   if timeout is not None else f"weight sync {self.name!r}: no version >= {wanted}")
+            note, buffers = got
+            self._seen = note.version
+            if isinstance(note.where, SlotDescriptor) and module is not None:
+                try:
+                    self.same_device.load(note.where, module)
+                except TornRead:
+                    continue  # a newer version is on its way
+                self._kept, self._kept_note, self._buffer = None, None, None  # the module holds it now
+                self._seen = note.version - 1  # latest() copies it, if asked before a newer one comes
+                return note.version
+            weights = self._taken(note, buffers)
+            if weights is not None:
+                self._kept, self._kept_note = weights, note
+                if module is not None and weights.version >= wanted:
+                    module.load_state_dict(dict(weights.tensors))
+                    return weights.version
+
+    def _taken(self, note: Announcement, buffers: list[Any] | None) -> Weights | None:
+        """The version ``note`` announces, checked; None when a newer one has taken its place already."""
+        if isinstance(note.where, Follows):
+            return OtherNode.take(note, buffers)
+        if not isinstance(note.where, SlotDescriptor):
+            return self.same_node.take(note)
+        into = self._free_buffer()
+        weights = None
+        try:
+            weights = self.same_device.take(note.where, into)
+        except TornRead:
+            pass
+        finally:
+            if weights is None and into is not None:  # not taken: the kept version still lies in the buffer
+                self._keep_buffered()
+        if weights is not None:
+            self._buffer = _base(weights)
+        return weights
+
+    def _free_buffer(self) -> Any:
+        """The kept same-device version's buffer, when nothing but this intake holds it any more (the kept version
+        is let go then, to be built again if the next version is not taken), else None."""
+        note, buffer = self._kept_note, self._buffer
+        if buffer is None or note is None or not isinstance(note.where, SlotDescriptor):
+            return None
+        self._kept = None  # the only references this intake holds, besides the buffer itself
+        count = getattr(torch_module()._C, "_storage_Use_Count", None)
+        if count is not None and count(buffer.untyped_storage()._cdata) == 2:  # the buffer and this call's storage
+            return buffer
+        self._keep_buffered()
+        return None
+
+    def _keep_buffered(self) -> None:
+        note = self._kept_note
+        assert note is not None
+        assert isinstance(note.where, SlotDescriptor)
+        self._kept = Weights(note.version, MappingProxyType(views(note.where, self._buffer)))
+
+    def close(self) -> None:
+        """Let go of the link, the kept version and every mapping."""
+        with self._lock:
+            self.receiver.close()
+            self._kept, self._kept_note, self._buffer = None, None, None
+            self.same_device.close()
+            self.same_node.close()
+
+
+def _base(weights: Weights) -> Any:
+    """The flat buffer a same-device version's tensors view."""
+    torch = torch_module()
+    for tensor in weights.tensors.values():
+        if tensor.numel():
+            storage = tensor.untyped_storage()
+            return torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
+    return None

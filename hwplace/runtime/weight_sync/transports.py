@@ -1,0 +1,226 @@
+"""The three transports of a weight sync, one class each, named as SPEC §9 names them, and the one place that
+chooses which a target takes for a version (:func:`choose`).
+
+Each class owns both ends of its transport: how the source lays a version down for its targets (an
+:class:`~hwplace.runtime.weight_sync.links.Announcement` whose ``where`` it builds) and how a target takes it:
+
+- :class:`SameDevice` (``same-device``): the tensors lie on the GPU the target holds. The source writes the
+  version into one of two device slots (:mod:`hwplace.runtime.weight_sync.device_share`, CUDA IPC); the target
+  copies it from there when it asks, into a buffer of its own that it reuses, or straight into a module
+  (``load_into``).
+- :class:`SameNode` (``same-node``): the node's shared memory. A version up to ``ANNOUNCED_BYTES`` travels in its
+  announcement; a larger one is written once, bucket after bucket, into a segment of the source
+  (:mod:`hwplace.runtime.weight_sync.segments`) that every target of the node maps and reads in place.
+- :class:`OtherNode` (``other-node``): the buckets follow the announcement on each target's link, straight from
+  the source's tensors once every such target has joined, else from the node's copy.
+
+:class:`Source` is the source process's side of one weight sync: the three transports and the version each
+target gets. Imports the layers below, the planning's transport names, and the room's buckets, device-share,
+segments and links modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SAME_NODE
+from hwplace.runtime.messaging.communicator import torch_module
+from hwplace.runtime.weight_sync.buckets import INLINE_BYTES, Entry, Weights, check, pack, sizes, unpack
+from hwplace.runtime.weight_sync.device_share import SlotDescriptor, SlotReader, SlotWriter, physical_device, views
+from hwplace.runtime.weight_sync.links import (
+    ANNOUNCED_BYTES,
+    Announcement,
+    Follows,
+    InlineVersion,
+    Link,
+    buckets_of,
+    fan_out,
+)
+from hwplace.runtime.weight_sync.segments import SegmentPool, SegmentReader, SegmentRef
+
+
+def source_device(state_dict: Mapping[str, Any], visible: Sequence[int] | None) -> int | None:
+    """The node-local hardware rank of the CUDA GPU the state dict's tensors lie on (``visible``: the source's
+    placement's ``visible_accelerators``), or None for tensors in host memory or on any other device (``npu``,
+    ``xpu``: they take the host path)."""
+    device = getattr(next(iter(state_dict.values()), None), "device", None)
+    if getattr(device, "type", None) != "cuda":
+        return None
+    index = device.index if device.index is not None else torch_module().cuda.current_device()  # type: ignore[union-attr]
+    return physical_device(index, visible)
+
+
+def choose(planned: str, holds: Sequence[int], device: int | None) -> str:
+    """The transport a target takes for one version: ``planned`` (its plan's, from the placements) unless that is
+    ``same-device`` and the tensors (``device``, see :func:`source_device`) are not on a GPU the target holds
+    (``holds``: its node-local hardware ranks): then ``same-node``. The only place a transport is chosen."""
+    if planned == SAME_DEVICE:
+        return SAME_DEVICE if device is not None and device in holds else SAME_NODE
+    return planned
+
+
+class SameDevice:
+    """``same-device``: a version in one of the source's two device slots, copied by the target when it asks."""
+
+    name = SAME_DEVICE
+
+    def __init__(self, visible: Sequence[int] | None) -> None:
+        self.visible = visible
+        self.writer: SlotWriter | None = None
+        self.reader: SlotReader | None = None
+
+    def lay_down(self, version: int, state_dict: Mapping[str, Any]) -> Announcement:
+        """Write the version into a slot (device to device): its announcement."""
+        self.writer = self.writer or SlotWriter(self.visible)
+        return Announcement(version, self.writer.write(version, state_dict))
+
+    def take(self, where: SlotDescriptor, into: Any = None) -> Weights:
+        """The version, copied into ``into`` (reused when it fits) or a new buffer on this process's device."""
+        self.reader = self.reader or SlotReader(self.visible)
+        return Weights(where.version, MappingProxyType(self.reader.read(where, into)))
+
+    def load(self, where: SlotDescriptor, module: Any) -> None:
+        """Load the version straight from the slot into ``module`` (its own parameters: no buffer of the target)."""
+        self.reader = self.reader or SlotReader(self.visible)
+        with self.reader.held(where) as data:
+            module.load_state_dict(views(where, data))
+
+    @property
+    def device_bytes(self) -> int:
+        """The device memory the source's slots hold now (0 on a target)."""
+        return 0 if self.writer is None else self.writer.device_bytes
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.reader is not None:
+            self.reader.close()
+
+
+class SameNode:
+    """``same-node``: a version in the node's shared memory (or, small, in its announcement), read in place."""
+
+    name = SAME_NODE
+
+    def __init__(self, uid: str) -> None:
+        self.uid = uid
+        self.segments: SegmentPool | None = None
+        self.reader: SegmentReader | None = None
+
+    def lay_down(self, version: int, entries: Sequence[Entry], lengths: Sequence[int],
+                 buckets: Iterator[tuple[Any, str]], node: bool, keep: bool) -> tuple[Announcement, list[Any]]:
+        """The node's copy of a version: in a segment when ``node`` (targets on this node) and it is large, else
+        copies of its buckets (in the announcement when ``node``); returns the announcement and, when ``keep``,
+        the buckets as laid down (for :class:`OtherNode` to send on)."""
+        if node and sum(lengths) > ANNOUNCED_BYTES:
+            self.segments = self.segments or SegmentPool(self.uid)
+            segment, digests = self.segments.write(version, lengths, buckets)
+            copies = self.segments.views(segment) if keep else []
+            return Announcement(version, segment, tuple(entries), tuple(digests), tuple(lengths)), copies
+        pairs = [(bucket.copy(), digest) for bucket, digest in buckets]
+        copies = [b for b, _ in pairs]
+        inline = InlineVersion(tuple(b.tobytes() for b in copies) if node else ())
+        return Announcement(version, inline, tuple(entries), tuple(d for _, d in pairs), tuple(lengths)), copies
+
+    def take(self, note: Announcement) -> Weights | None:
+        """The version, checked; None when its segment has since been given to a newer version."""
+        import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
+
+        buffers: list[Any] | None
+        if isinstance(note.where, SegmentRef):
+            self.reader = self.reader or SegmentReader()
+            buffers = self.reader.take(note.where)
+            if buffers is None:
+                return None
+        else:
+            assert isinstance(note.where, InlineVersion)
+            buffers = [np.frombuffer(data, dtype=np.uint8) for data in note.where.buckets]
+        return checked(note, buffers)
+
+    @property
+    def count(self) -> int:
+        """How many segments the source holds."""
+        return 0 if self.segments is None else self.segments.count
+
+    def close(self) -> None:
+        if self.segments is not None:
+            self.segments.close()
+        self.reader = None
+
+
+class OtherNode:
+    """``other-node``: the buckets follow the announcement on each target's link."""
+
+    name = OTHER_NODE
+
+    @staticmethod
+    def stream(links: Sequence[Link], version: int, entries: Sequence[Entry], lengths: Sequence[int],
+               buckets: Iterator[tuple[Any, str]]) -> None:
+        """Send a version straight from the source's tensors to targets that have all joined (no copy): a small
+        one packed whole first, so its digests go ahead of its buckets, a large one's digests after them."""
+        small = sum(lengths) <= INLINE_BYTES
+        sent: Any = list(buckets) if small else buckets
+        ahead = tuple(d for _, d in sent) if small else ()
+        fan_out(links, Announcement(version, Follows(digests_follow=not small), tuple(entries), ahead,
+                                    tuple(lengths)), sent)
+
+    @staticmethod
+    def following(note: Announcement) -> Announcement:
+        """The announcement to other nodes of a version laid down on this node as ``note``."""
+        return Announcement(note.version, Follows(), note.entries, note.digests, note.lengths)
+
+    @staticmethod
+    def take(note: Announcement, buffers: list[Any] | None) -> Weights:
+        return checked(note, buffers or [])
+
+
+def checked(note: Announcement, buffers: Sequence[Any]) -> Weights:
+    """A version in host memory, once every bucket matches its digest."""
+    check(buffers, note.digests, f"weight sync version {note.version}")
+    return Weights(note.version, MappingProxyType(unpack(note.entries, buffers)))
+
+
+class Source:
+    """The source process's side of one weight sync: its three transports."""
+
+    def __init__(self, uid: str, visible: Sequence[int] | None, bucket_bytes: int) -> None:
+        self.same_device = SameDevice(visible)
+        self.same_node = SameNode(uid)
+        self.bucket_bytes = bucket_bytes
+
+    def publish(self, version: int, state_dict: Mapping[str, Any], links: Mapping[str, list[Link]]) -> None:
+        """Lay ``version`` down for each transport's targets (``links``, by transport name) and announce it."""
+        if links[SAME_DEVICE]:
+            deliver(links[SAME_DEVICE], self.same_device.lay_down(version, state_dict))
+        node, other = links[SAME_NODE], links[OTHER_NODE]
+        if not node and not other:
+            return
+        entries, buckets = pack(state_dict, self.bucket_bytes)
+        lengths = sizes(entries)
+        if not node and all(link.connected for link in other):
+            OtherNode.stream(other, version, entries, lengths, buckets)
+            return
+        note, copies = self.same_node.lay_down(version, entries, lengths, buckets, bool(node), bool(other))
+        if node:
+            deliver(node, note)
+        if other:
+            deliver(other, OtherNode.following(note), copies)
+
+    def close(self) -> None:
+        self.same_device.close()
+        self.same_node.close()
+
+
+def deliver(links: list[Link], note: Announcement, copies: Sequence[Any] = ()) -> None:
+    """Send ``note`` now to the targets that have joined; leave it, with copies of ``copies`` (its buckets, when
+    they follow), to the others' links until they join."""
+    waiting = [link for link in links if not link.connected]
+    if waiting:
+        kept = [c.copy() for c in copies]  # the caller's buffers may change after publish returns
+        for link in waiting:
+            link.offer(note, kept)
+    ready = [link for link in links if link not in waiting]
+    if ready:
+        fan_out(ready, note, buckets_of(note, copies))
