@@ -93,7 +93,7 @@ class Rollout(Trainer):
                 if float(tensor.float().min()) != float(version) or float(tensor.float().max()) != float(version):
                     wrong.append((version, key))
             seen.append(version)
-            if self.device != "cpu" and (version >= 10 and not memory or version == versions):
+            if self.device != "cpu" and ((version >= 10 and not memory) or version == versions):
                 torch.cuda.synchronize()
                 memory.append((version, torch.cuda.memory_allocated(0)))
         return {"versions_seen": len(seen), "last": seen[-1] if seen else 0, "wrong": wrong[:5],

@@ -121,40 +121,28 @@ def nvml(gpu: bool) -> dict[str, Any]:
                        f"{driver}; detect {detection.seconds:.2f} s", **details}
 
 
-@check("sync_plan_overlap", 30, issue="26 point 4: transport from placement overlap, not tensor location",
-       known_defect=True)
+@check("sync_plan_overlap", 30, issue="26 point 4: transport from where the tensors are, not placement overlap")
 def sync_plan_overlap(gpu: bool) -> dict[str, Any]:
-    """A source holding GPUs 0 and 1 whose tensors are on its cuda:0; a target on GPU 1 alone."""
+    """A source holding GPUs 0 and 1 whose tensors are on its cuda:0 or its cuda:1; a target on GPU 1 alone: the
+    transport of each version follows the tensors (same-device only on the GPU the target holds)."""
     import hwplace
-    from hwplace.planning.sync_plan import plan_sync
-    from hwplace.runtime.weight_sync.device_share import device_index, physical_device
-    from hwplace.runtime.weight_sync.sync import WeightSync
+    from hwplace.planning.sync_plan import SAME_DEVICE, SAME_NODE, plan_sync
+    from hwplace.runtime.weight_sync.device_share import physical_device
+    from hwplace.runtime.weight_sync.transports import choose
 
     section = {"num_nodes": 1, "component_placement": {"trainer": "0-1:0", "rollout": "1"}}
     cluster = hwplace.testing.fake_cluster(section, accelerators_per_node=2, accelerator_type="cuda")
     placements = hwplace.ComponentPlacement({"cluster": section}, cluster)
     source, target = placements.get_placements("trainer")[0], placements.get_placements("rollout")[0]
     plan = plan_sync(source, {"rollout": [target]})
-    sync = WeightSync("gpu-check", "trainer", 0, plan, "uid", 1)
+    chosen = {}
+    for tensors_on in (0, 1):
+        physical = physical_device(tensors_on, source.visible_accelerators or None)
+        chosen[f"source cuda:{tensors_on}"] = choose(plan[0].transport, target.local_hardware_ranks, physical)
     details: dict[str, Any] = {
         "source": {"local_hardware_ranks": source.local_hardware_ranks, "visible": source.visible_accelerators},
         "target": {"local_hardware_ranks": target.local_hardware_ranks, "visible": target.visible_accelerators},
-        "transport": plan[0].transport,
-        "host_copy_sent": not sync._all_shared,  # publish sends no host copy when every target is shared
-        "reads": {}}
-    refused = []
-    for tensors_on in (0, 1):
-        physical = physical_device(tensors_on, source.visible_accelerators or None)
-        try:
-            index = device_index(physical, target.visible_accelerators or None)
-            details["reads"][f"source cuda:{tensors_on}"] = f"target reads its cuda:{index}"
-        except hwplace.WeightSyncError as exc:
-            details["reads"][f"source cuda:{tensors_on}"] = error_text(exc)
-            refused.append(tensors_on)
-    if plan[0].transport == "shared-memory" and refused:
-        raise CheckFailed(f"the plan gives the target on GPU 1 '{plan[0].transport}' from the placements' overlap, "
-                          f"but with the source's tensors on its cuda:{refused[0]} (GPU {refused[0]}) the slot "
-                          "cannot be read there" + ("" if details["host_copy_sent"] else
-                                                    ", and publish sends no host copy: latest() can only time out"),
-                          details)
-    return {"summary": f"transport {plan[0].transport}; every source device readable", **details}
+        "planned": plan[0].transport, "chosen": chosen}
+    if chosen != {"source cuda:0": SAME_NODE, "source cuda:1": SAME_DEVICE}:
+        raise CheckFailed("a version's transport does not follow where its tensors are", details)
+    return {"summary": f"planned {plan[0].transport}; per version: {chosen}", **details}
