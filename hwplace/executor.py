@@ -33,6 +33,7 @@ from hwplace.contracts.executor import (
     GroupRequest,
     GroupRuntime,
     Handle,
+    Pending,
     WorkerSpec,
     check_executor,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "Leases",
     "LocalClusters",
     "ObjectStore",
+    "Pending",
     "RemoteFailure",
     "Rendezvous",
     "Session",
