@@ -8,59 +8,15 @@ import threading
 from typing import Any
 
 import pytest
+from message_pairs import placements, two_pairs
 
 import hwplace
-from hwplace.contracts.capabilities import Rendezvous
-from hwplace.contracts.executor import GroupEntry
-from hwplace.contracts.records import Placement
 from hwplace.planning.sharing import HOST, NCCL
 from hwplace.runtime.messaging import pair as pair_module
-from hwplace.runtime.messaging.communicator import Communicator, Member, connect
 from hwplace.runtime.messaging.pair import MessageHandle, Pair
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.time_limit(60)
-
-SECTION = {"num_nodes": 1, "component_placement": {"trainer,rollout": "0-1"}}
-
-
-class Store(Rendezvous):
-    """The rendezvous of threads of one process."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, bytes] = {}
-        self.changed = threading.Condition()
-
-    def kv_put(self, key: str, value: bytes) -> None:
-        with self.changed:
-            self.values[key] = value
-            self.changed.notify_all()
-
-    def kv_wait(self, key: str, timeout: float) -> bytes:
-        with self.changed:
-            if not self.changed.wait_for(lambda: key in self.values, timeout):
-                raise TimeoutError(key)
-            return self.values[key]
-
-
-def placements() -> tuple[list[Placement], list[Placement]]:
-    cluster = hwplace.testing.fake_cluster(SECTION, accelerators_per_node=2)
-    plan = hwplace.ComponentPlacement({"cluster": SECTION}, cluster)
-    return plan.get_placements("trainer"), plan.get_placements("rollout")
-
-
-def two_pairs(a: Placement, b: Placement) -> tuple[Pair, Pair]:
-    """``a`` is worker ("a", 0), ``b`` worker ("b", 0); each one's pair to the other."""
-    store = Store()
-
-    def connector(key: str, members: tuple[Member, ...], index: int) -> Communicator:
-        return connect(store, key, members, index, "127.0.0.1", None, timeout=30)
-
-    entry_a = GroupEntry("a", "launch-a", (a,), ("127.0.0.1",))
-    entry_b = GroupEntry("b", "launch-b", (b,), ("127.0.0.1",))
-    return (Pair(connector, ("a", 0), "launch-a", a, lambda: None, entry_b, 0),
-            Pair(connector, ("b", 0), "launch-b", b, lambda: None, entry_a, 0))
-
 
 @pytest.fixture
 def pairs() -> tuple[Pair, Pair]:
