@@ -20,7 +20,7 @@ from hwplace.config.job_config import JobConfig, parse_job_config
 from hwplace.config.loading import load_config
 from hwplace.config.records import ClusterConfig, NodeGroup
 from hwplace.config.section import parse_cluster_config
-from hwplace.contracts.executor import Executor, Handle
+from hwplace.contracts.executor import Executor, Handle, Pending
 from hwplace.contracts.hardware import Device, HardwareBackend, NoDevices
 from hwplace.contracts.records import Node, Placement
 from hwplace.foundation.errors import (
@@ -49,6 +49,7 @@ from hwplace.planning.strategies import (
 from hwplace.plugin.manager import PluginManager
 from hwplace.plugin.session import get_plugin_manager
 from hwplace.runtime.group import WorkerGroup
+from hwplace.runtime.messaging.pair import MessageHandle
 from hwplace.runtime.weight_sync.buckets import Weights
 from hwplace.runtime.weight_sync.sync import WeightSync
 from hwplace.runtime.worker import Worker
@@ -77,11 +78,13 @@ __all__ = [
     "HwplaceError",
     "Job",
     "JobConfig",
+    "MessageHandle",
     "NoDevices",
     "Node",
     "NodeGroup",
     "NodePlacementStrategy",
     "PackedPlacementStrategy",
+    "Pending",
     "Placement",
     "PlacementError",
     "PlacementStrategy",

@@ -35,6 +35,7 @@ from hwplace.contracts.executor import (
     GroupRequest,
     GroupRuntime,
     Handle,
+    Pending,
     WorkerSpec,
     check_executor,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "Leases",
     "LocalClusters",
     "ObjectStore",
+    "Pending",
     "RemoteFailure",
     "Rendezvous",
     "Session",

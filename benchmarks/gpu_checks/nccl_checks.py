@@ -46,7 +46,8 @@ def _exchange(connection: Connection, kv_root: str, me: str, peer: str, gpu: boo
     kv = FileKV(kv_root)
     messages = pair(kv_root, me, peer, gpu)
     comm = messages.connected()
-    found: dict[str, Any] = {"device_group": type(comm.device).__name__ if comm.device is not None else None}
+    found: dict[str, Any] = {"device_groups": [type(group).__name__ for group in comm.devices],
+                             "path": messages.path}
     tensor = torch.full((send_bytes // 4,), FILL[me], device="cuda:0" if gpu else "cpu") if send_bytes else None
     kv.barrier("start", me, (me, peer))
     started = time.monotonic()

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from gpu_checks.harness import CheckHung, error_text, traceback_tail, watch_stacks
@@ -75,12 +74,22 @@ def pair(kv_root: str, me: str, peer: str, gpu: bool) -> Any:
     when ``gpu`` (then the pair asks the cuda backend for its collective backend, nccl), built as a Messenger
     would build it; the communicator connects through ``kv_root``."""
     from hwplace.contracts.executor import GroupEntry
-    from hwplace.runtime.messaging.messenger import Pair
+    from hwplace.runtime.messaging.communicator import connect
+    from hwplace.runtime.messaging.devices import chosen_device
+    from hwplace.runtime.messaging.pair import Pair
 
     entries = {name: GroupEntry(name, f"launch-{name}", (placement(gpu),), (ADDRESS,)) for name in (me, peer)}
-    messenger = SimpleNamespace(entry=entries[me], context=SimpleNamespace(group=me, rank=0),
-                                executor=FileKV(kv_root), rendezvous=FileKV(kv_root), address=ADDRESS)
-    return Pair(messenger, entries[peer], 0)  # type: ignore[arg-type]
+    kv = FileKV(kv_root)
+
+    def connector(key: str, members: Any, index: int) -> Any:
+        return connect(kv, key, members, index, ADDRESS, None)  # type: ignore[arg-type]
+
+    def chosen() -> Any:
+        import torch
+
+        return chosen_device(torch)
+
+    return Pair(connector, (me, 0), entries[me].launch_id, placement(gpu), chosen, entries[peer], 0)
 
 
 def run_peer(function: Callable[..., dict[str, Any]], connection: Connection, *args: Any) -> None:

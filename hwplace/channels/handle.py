@@ -5,7 +5,8 @@ signal handler raised, a ``KeyboardInterrupt``, an async get's handle dropped un
 a ``CANCEL`` for it: the host withdraws the request if it still waits, so no item is ever handed to nobody;
 if the request had already completed, a get's items come back to this process and are put back at the head
 of their queue (``REQUEUE``), and a put's item stays in the queue, as the caller is told. Imports
-:mod:`hwplace.channels.wire`, the queue statuses and the foundation's errors.
+:mod:`hwplace.channels.wire`, the queue statuses, the foundation's errors and the handles' base
+(:class:`hwplace.contracts.executor.Pending`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from hwplace.channels import wire
 from hwplace.channels.arguments import timeout_of
 from hwplace.channels.queues import Status
+from hwplace.contracts.executor import Pending
 from hwplace.foundation.errors import ChannelLost, HwplaceError
 
 WITHDRAW_TIMEOUT = 10.0
@@ -74,7 +76,7 @@ def _start_withdrawer() -> None:
         thread.start()
 
 
-class ChannelHandle:
+class ChannelHandle(Pending):
     """A channel operation in flight (``async_op=True``): ``wait(timeout=None)``, ``done()``, ``await``.
 
     ``wait`` returns the operation's result or raises its error (:class:`hwplace.ChannelClosed`, ...); an

@@ -42,7 +42,30 @@ class BackendRegistry(Protocol):
         ...
 
 
-class Handle:
+class Pending:
+    """Something in flight that can be waited for: the base of every handle hwplace hands out (a group call's
+    :class:`Handle`, a channel operation's ``ChannelHandle``, a message's ``MessageHandle``).
+
+    ``wait(timeout=None)`` returns the result or raises its error, and ``TimeoutError`` when ``timeout``
+    seconds elapse first (the operation goes on, and ``wait`` may be called again); ``done()`` says whether it
+    finished; ``await handle`` (:meth:`wait_async`) waits inside async code.
+    """
+
+    def wait(self, timeout: float | None = None) -> Any:
+        raise NotImplementedError(f"{type(self).__name__}.wait")
+
+    def done(self) -> bool:
+        raise NotImplementedError(f"{type(self).__name__}.done")
+
+    async def wait_async(self) -> Any:
+        """``wait()`` for async code; ``await handle`` calls it."""
+        raise NotImplementedError(f"{type(self).__name__}.wait_async")
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.wait_async().__await__()
+
+
+class Handle(Pending):
     """A call in flight on one or more workers of a group; its results come back in rank order.
 
     ``wait(timeout=None)`` returns them, raising :class:`hwplace.WorkerError` for the first rank that failed

@@ -1,7 +1,8 @@
 """Which processes of different components share an accelerator: the colocated components that take turns.
 
 Pure functions over :class:`Placement` records; ``hwplace plan`` prints what they find and the executor starts
-a turn arbiter on each node where it finds something. Imports the contracts.
+a turn arbiter on each node where it finds something. :func:`message_path` says, from the same facts, how
+tensors on accelerators travel between two workers (NCCL refuses two ranks on one GPU). Imports the contracts.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from hwplace.contracts.records import Placement
 
 Unit = tuple[str, int]  # an accelerator on its node: its hardware type and node-local index
+HOST, NCCL = "host", "nccl"  # the paths of a pair's device tensors: through host memory (gloo), or NCCL
 
 
 @dataclass(frozen=True, order=True)
@@ -55,3 +57,21 @@ def shared_accelerators(components: Mapping[str, Sequence[Placement]]) -> dict[t
                 if other != name:
                     found.setdefault((name, rank), set()).add(Share(node_rank, hardware_type, index, other, other_rank))
     return {key: tuple(sorted(shares)) for key, shares in sorted(found.items())}
+
+
+def message_path(a: Placement, b: Placement, backends: tuple[str, str] = ("nccl", "nccl"),
+                 physical: tuple[str, str] = ("", "")) -> str:
+    """How tensors on accelerators travel between the workers placed at ``a`` and ``b``: :data:`NCCL` (device
+    to device), or :data:`HOST` (copied to host memory, sent over gloo, put back on the receiver's device).
+
+    NCCL only when both hold accelerators, each worker can use NCCL (``backends``: the collective backend each
+    one's accelerator backend names and its process can load, ``""`` for none), and they hold no GPU in common:
+    not one accelerator of one node (the placements say so: the colocated components that take turns), nor one
+    physical GPU seen otherwise, such as two MIG slices of it (``physical``: each worker's device id, its node
+    and PCI address, where known). NCCL refuses two ranks on one GPU ("Duplicate GPU detected").
+    """
+    if a.local_accelerator_id < 0 or b.local_accelerator_id < 0 or backends != (NCCL, NCCL):
+        return HOST
+    if a.node_rank == b.node_rank and set(accelerator_units(a)) & set(accelerator_units(b)):
+        return HOST
+    return HOST if physical[0] and physical[0] == physical[1] else NCCL

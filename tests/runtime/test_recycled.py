@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hwplace.runtime.messaging.messenger import Recycled
+from hwplace.runtime.messaging.pair import Recycled
 
 torch = pytest.importorskip("torch")
 

@@ -3,11 +3,12 @@
 A communicator is a torch.distributed process group of just its members, made without
 ``init_process_group``: the first member hosts a ``TCPStore`` (on a free port of its node) and publishes its
 address through the executor's key-value store; the others connect and all build a ``ProcessGroupGloo`` on a
-``PrefixStore`` over it. A member whose accelerator backend names another collective backend (``nccl``)
-gets a second process group of that backend, for tensors on its device, when every member has it.
+``PrefixStore`` over it. A communicator that moves tensors device to device also gets one ``nccl`` process
+group per sending member (:func:`hwplace.runtime.messaging.devices.nccl_groups`).
 
 A frame is a fixed header (an int64 tensor: kind, byte count, dtype, shape) followed by the payload: a tensor's
-own bytes, or a pickle as a uint8 tensor. Imports the layers below; torch is imported on first use.
+own bytes, or a pickle as a uint8 tensor. Imports the layers below and
+:mod:`hwplace.runtime.messaging.devices`; torch is imported on first use.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ from typing import Any
 from hwplace.contracts.capabilities import Rendezvous
 from hwplace.contracts.executor import Executor, GroupEntry
 from hwplace.foundation.errors import ConfigError
+from hwplace.runtime.messaging.devices import nccl_groups
 
 CONNECT_TIMEOUT = 300.0  # seconds the members of a new communicator have to meet
 HEADER = 16  # int64 slots of a frame's header: kind, byte count, dtype code, ndim, up to 12 dims
 MAX_DIMS = HEADER - 4
-PICKLED, TENSOR, DEVICE_TENSOR = 0, 1, 2
+PICKLED, TENSOR, DEVICE_TENSOR, HOSTED = 0, 1, 2, 3  # HOSTED: a device tensor that travels through host memory
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool",
-          "complex64", "complex128", "uint16", "uint32", "uint64")
+          "complex64", "complex128", "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
+          "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")  # by code: append only
 
 Member = tuple[str, int]  # (group, rank)
 
@@ -63,7 +66,7 @@ class Communicator:
     members: tuple[Member, ...]
     index: int
     gloo: Any
-    device: Any = None  # the accelerator's process group (nccl, hccl), when every member has one
+    devices: tuple[Any, ...] = ()  # nccl process groups by sending member, when tensors go device to device
     keep: list[Any] = field(default_factory=list)  # the stores: alive as long as the groups
 
 
@@ -83,22 +86,41 @@ def connect(rendezvous: Rendezvous, key: str, members: Sequence[Member], index: 
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
     options._timeout = datetime.timedelta(days=1)  # no deadline on a message: a dead peer is seen at once
     gloo = dist.ProcessGroupGloo(dist.PrefixStore(f"{key}/gloo/", store), index, len(members), options)
-    device = None
+    comm = Communicator(tuple(members), index, gloo, (), [store])
     if device_backend == "nccl":
-        device = dist.ProcessGroupNCCL(dist.PrefixStore(f"{key}/nccl/", store), index, len(members))
-    return Communicator(tuple(members), index, gloo, device, [store])
+        add_devices(comm, key)
+    return comm
 
 
-def encode(obj: Any, device_ok: bool) -> tuple[Any, Any]:
-    """The header and payload of ``obj``: a tensor's bytes (on its device where ``device_ok``), or a pickle."""
+def add_devices(comm: Communicator, key: str) -> None:
+    """Give ``comm`` its nccl process groups, one per sending member (every member calls this)."""
+    comm.devices = nccl_groups(torch_module().distributed, comm.keep[0], key, comm.index, len(comm.members),
+                               CONNECT_TIMEOUT)
+
+
+def exchange(comm: Communicator, text: str) -> list[str]:
+    """Every member's ``text`` (up to 256 bytes of UTF-8), in member order; every member calls this."""
+    torch = torch_module()
+    mine = torch.zeros(256, dtype=torch.uint8)
+    data = text.encode()[:256]
+    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
+    found = [torch.zeros(256, dtype=torch.uint8) for _ in comm.members]
+    comm.gloo.allgather([found], [mine]).wait()
+    return [bytes(t.numpy()).rstrip(b"\0").decode(errors="replace") for t in found]
+
+
+def encode(obj: Any, device_ok: bool, hosted: bool = False) -> tuple[Any, Any]:
+    """The header and payload of ``obj``: a tensor's bytes (on its device where ``device_ok``; else copied to
+    host memory, and marked to go back to the receiver's device where ``hosted``), or a pickle."""
     torch = torch_module()
     dtype = str(obj.dtype).removeprefix("torch.") if isinstance(obj, torch.Tensor) else ""
     if isinstance(obj, torch.Tensor) and dtype in DTYPES and obj.dim() <= MAX_DIMS:
         on_device = obj.device.type != "cpu"
         tensor = obj.detach() if (on_device and device_ok) else obj.detach().cpu()
         payload = tensor.contiguous().reshape(-1).view(torch.uint8)
-        fields = [DEVICE_TENSOR if (on_device and device_ok) else TENSOR, payload.numel(), DTYPES.index(dtype),
-                  obj.dim(), *obj.shape]
+        kind = (DEVICE_TENSOR if device_ok else HOSTED if hosted and obj.device.type == "cuda" else TENSOR) \
+            if on_device else TENSOR
+        fields = [kind, payload.numel(), DTYPES.index(dtype), obj.dim(), *obj.shape]
     else:
         data = pickle.dumps(obj, protocol=5)
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)

@@ -1,10 +1,13 @@
 """Messaging between workers of two groups on a real two-node Ray cluster (CPU tensors, gloo): order per pair,
-pickled values, dtypes and shapes, broadcast over two groups, timeouts, a peer killed during a recv."""
+pickled values, dtypes and shapes, broadcast over two groups, timeouts, a peer killed during a recv (with and
+without a timeout), a recv cancelled through its call's handle, a first use from two threads at once, a message
+the receiver cannot read."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 from typing import Any
 
 import numpy as np
@@ -48,8 +51,45 @@ class Talker(hwplace.Worker):
         return self.broadcast(value if (self.group_name, self.rank) == tuple(src) else None, src=src,
                               groups=("trainer", "rollout"))
 
+    def recv_forever(self, group: str, rank: int) -> str:
+        try:
+            return f"got {self.recv(group, rank)!r}"  # no timeout: only the peer's death may end it
+        except hwplace.WorkerError as exc:
+            return f"WorkerError group={exc.group} rank={exc.rank} node={exc.node_rank}: {exc}"
+
+    def send_from_threads(self, threads: int, count: int, group: str, rank: int) -> bool:
+        """This worker's first messaging use, from ``threads`` threads at once, ``count`` messages each."""
+        start = threading.Barrier(threads)
+
+        def send() -> None:
+            start.wait()
+            for i in range(count):
+                self.send(i, group, rank)
+
+        workers = [threading.Thread(target=send) for _ in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        return not any(worker.is_alive() for worker in workers)
+
+    def send_unreadable(self, group: str, rank: int) -> bool:
+        self.send(Unreadable(), group, rank)
+        self.send("readable", group, rank)
+        return isinstance(self.send("async", group, rank, async_op=True), hwplace.Pending)
+
     def die(self) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Unreadable:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return int, ("not a number",)  # pickles; loading it raises ValueError
+
+
+class AsyncTalker(Talker):
+    async def recv_async(self, group: str, rank: int) -> Any:
+        return await self.recv(group, rank, async_op=True)
 
 
 @pytest.fixture(scope="module")
@@ -132,3 +172,61 @@ def test_a_peer_killed_during_a_recv_is_a_worker_error_naming_it(groups) -> None
         assert "died" in answer
     finally:
         victim.shutdown()
+
+
+def test_a_peer_on_another_node_killed_during_a_recv_without_a_timeout_is_a_worker_error(groups) -> None:
+    cluster, _, rollout = groups
+    victim = Talker.create_group().launch(cluster, hwplace.NodePlacementStrategy([1]), name="victim2")
+    try:
+        waiting = rollout.execute_on(0).recv_all(1, "victim2", 0)
+        victim.send_all(["hello"], "rollout", 0).wait(timeout=60)  # the pair is connected
+        assert waiting.wait(timeout=60) == [["hello"]]
+        waiting = rollout.execute_on(0).recv_forever("victim2", 0)
+        victim.die()
+        [answer] = waiting.wait(timeout=90)  # the module's time limit stands behind a hang
+        assert answer.startswith("WorkerError group=victim2 rank=0 node=1"), answer
+    finally:
+        victim.shutdown()
+
+
+def test_an_async_recv_cancelled_through_its_handle_loses_no_message(groups) -> None:
+    cluster, trainer, _ = groups
+    waiter = AsyncTalker.create_group().launch(cluster, hwplace.NodePlacementStrategy([1]), name="waiter")
+    try:
+        handle = waiter.recv_async("trainer", 0)
+        assert isinstance(handle, hwplace.Pending)
+        with pytest.raises(TimeoutError, match="did not finish within 2 s"):
+            handle.wait(timeout=2)  # its recv waits
+        assert handle.cancel()
+        with pytest.raises(hwplace.CallCancelled, match="recv_async"):
+            handle.wait(timeout=60)
+        trainer.execute_on(0).send_all(["one", "two"], "waiter", 0).wait(timeout=60)
+        assert waiter.recv_all(2, "trainer", 0).wait(timeout=60) == [["one", "two"]]
+    finally:
+        waiter.shutdown()
+
+
+def test_a_first_use_from_two_threads_at_once_makes_one_pair(groups) -> None:
+    cluster, _, _ = groups
+    two = hwplace.NodePlacementStrategy([0])
+    left = Talker.create_group().launch(cluster, two, name="left")
+    right = Talker.create_group().launch(cluster, hwplace.NodePlacementStrategy([1]), name="right")
+    try:
+        got = right.recv_all(30, "left", 0)
+        assert left.send_from_threads(2, 15, "right", 0).wait(timeout=60) == [True]
+        [received] = got.wait(timeout=60)
+        assert sorted(received) == sorted(list(range(15)) * 2)
+    finally:
+        left.shutdown()
+        right.shutdown()
+
+
+def test_a_message_the_receiver_cannot_read_fails_that_recv_only(groups) -> None:
+    _, trainer, rollout = groups
+    waiting = rollout.execute_on(1).recv_error("trainer", 1)  # the pair's first use: both ends meet
+    assert trainer.execute_on(1).send_unreadable("rollout", 1).wait(timeout=60) == [True]
+    [answer] = waiting.wait(timeout=60)
+    assert answer.startswith("WorkerError group=trainer rank=1 node=1"), answer
+    assert "cannot read" in answer
+    assert "ValueError" in answer
+    assert rollout.execute_on(1).recv_all(2, "trainer", 1).wait(timeout=60) == [["readable", "async"]]
