@@ -1,4 +1,5 @@
-"""Cancelling calls on a real two-node Ray cluster: async methods are interrupted, plain ones are ended by force."""
+"""Cancelling calls on two nodes, on each executor (tests/runtime/conftest.py): async methods are interrupted, plain
+ones are ended by force."""
 
 from __future__ import annotations
 
@@ -8,9 +9,6 @@ import time
 import pytest
 
 import hwplace
-from hwplace_plugins.ray.pytest_plugin import LocalRay
-
-ray = pytest.importorskip("ray")
 
 pytestmark = pytest.mark.time_limit(180)  # a cancel that does not reach the worker fails rather than hangs
 
@@ -38,11 +36,6 @@ class Sleeper(hwplace.Worker):
         started.put(self.rank, weight=1)
         time.sleep(120)
         return "slept"
-
-
-@pytest.fixture(scope="module")
-def cluster(hwplace_local_ray: LocalRay) -> hwplace.Cluster:
-    return hwplace.Cluster({"num_nodes": 2})
 
 
 @pytest.fixture(scope="module")

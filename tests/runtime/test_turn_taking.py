@@ -1,5 +1,5 @@
-"""Turns on shared accelerators, on a real two-node Ray cluster: trainer rank i and rollout rank i share
-fake accelerator i of node 0 (``rollout,trainer: 0-1``); ``solo`` has accelerator 0 of node 1 to itself.
+"""Turns on shared accelerators, on two nodes of each executor (tests/runtime/conftest.py): trainer rank i and
+rollout rank i share fake accelerator i of node 0 (``rollout,trainer: 0-1``); ``solo`` has accelerator 0 of node 1 to itself.
 
 Each worker records what happens in its turns into a channel queue per accelerator. Records are put inside
 the turn, so a queue's order is the order of the turns on that accelerator.
@@ -15,13 +15,11 @@ from typing import Any
 import pytest
 
 import hwplace
-from hwplace_plugins.ray.pytest_plugin import LocalRay
-
-ray = pytest.importorskip("ray")
 
 pytestmark = pytest.mark.time_limit(240)  # a turn that is never granted fails its test rather than hangs
 
 CONFIG = {"cluster": {"num_nodes": 2, "component_placement": {"rollout,trainer": "0-1", "solo": "4"}}}
+CLUSTER = CONFIG["cluster"]
 
 
 class Taker(hwplace.Worker):
@@ -74,11 +72,6 @@ class Taker(hwplace.Worker):
         with self.turn(timeout=120):
             self.log.put("holding", weight=1, queue_name="dying")
             os.kill(os.getpid(), signal.SIGKILL)
-
-
-@pytest.fixture(scope="module")
-def cluster(hwplace_local_ray: LocalRay) -> hwplace.Cluster:
-    return hwplace.Cluster(CONFIG["cluster"])
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""hwplace.WeightSync on a real two-node Ray cluster: the plan's transports, versions, atomicity, load_into,
+"""hwplace.WeightSync on two nodes of each executor (tests/runtime/conftest.py): the plan's transports, versions, atomicity, load_into,
 and a corrupted bucket caught by its digest (the previous version kept)."""
 
 from __future__ import annotations
@@ -16,15 +16,14 @@ import hwplace
 from hwplace.runtime.weight_sync import buckets, transports
 from hwplace.runtime.weight_sync import sync as weights_module
 from hwplace.testing import swapped_session
-from hwplace_plugins.ray.pytest_plugin import LocalRay
 
-ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 nn: Any = torch.nn
 pytestmark = pytest.mark.time_limit(180)
 
 # trainer rank 0 holds accelerator 0 of node 0; rollout 0 shares it, rollout 1 is on node 0, rollout 2 on node 1
 CONFIG = {"cluster": {"num_nodes": 2, "component_placement": {"trainer": "0", "rollout": "0,2,4"}}}
+CLUSTER = CONFIG["cluster"]
 
 
 def state_dict(version: int) -> dict[str, Any]:
@@ -138,8 +137,7 @@ class Rollout(hwplace.Worker):
 
 
 @pytest.fixture(scope="module")
-def groups(hwplace_local_ray: LocalRay):
-    cluster = hwplace.Cluster(CONFIG["cluster"])
+def groups(cluster: hwplace.Cluster):
     placement = hwplace.ComponentPlacement(CONFIG, cluster)
     trainer = Trainer.create_group().launch(cluster, placement.get_strategy("trainer"), name="trainer")
     rollout = Rollout.create_group().launch(cluster, placement.get_strategy("rollout"), name="rollout")
@@ -209,9 +207,8 @@ def test_segments_are_recycled_while_targets_keep_the_newest_version(groups) -> 
 
 
 @pytest.fixture(scope="module")
-def far(groups, hwplace_local_ray: LocalRay):
+def far(groups, cluster: hwplace.Cluster):
     """Two rollout ranks on node 1 only: every target of a sync to them is on another node."""
-    cluster = hwplace.Cluster(CONFIG["cluster"])
     group = Rollout.create_group().launch(cluster, hwplace.NodePlacementStrategy([1, 1]), name="far")
     yield group
     group.shutdown()
@@ -237,9 +234,8 @@ def test_to_other_nodes_only_versions_stream_straight_from_the_tensors(groups, f
 
 
 @pytest.mark.parametrize("nodes", [[0, 0], [1, 1]], ids=["same node", "other node"])
-def test_a_target_that_dies_is_named_and_the_others_keep_getting_versions(hwplace_local_ray: LocalRay,
+def test_a_target_that_dies_is_named_and_the_others_keep_getting_versions(cluster: hwplace.Cluster,
                                                                           nodes: list[int]) -> None:
-    cluster = hwplace.Cluster(CONFIG["cluster"])
     source = Trainer.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="source")
     victim = Rollout.create_group().launch(cluster, hwplace.NodePlacementStrategy(nodes), name="victim")
     try:
@@ -271,9 +267,8 @@ def test_a_rank_on_the_source_accelerator_reads_its_device_slots(groups) -> None
     assert rollout.slots_mapped(sync).wait(timeout=60) == [2, 0, 0]
 
 
-def test_targets_that_all_share_the_source_accelerator_need_no_host_copy(groups, hwplace_local_ray: LocalRay) -> None:
+def test_targets_that_all_share_the_source_accelerator_need_no_host_copy(groups, cluster: hwplace.Cluster) -> None:
     trainer, _, _ = groups
-    cluster = hwplace.Cluster(CONFIG["cluster"])
     on_the_same = hwplace.ComponentPlacement(CONFIG, cluster).get_strategy("trainer")  # the trainer's accelerator
     mate = Rollout.create_group().launch(cluster, on_the_same, name="mate")
     try:
