@@ -91,7 +91,8 @@ def fake_cluster(
     counts = accelerator_counts(accelerators_per_node, num_nodes, config.num_nodes if config else None)
     types = _types(accelerator_type, counts, manager)
     node_backends = manager.backends_of_kind("node")
-    fake_memory = read_fake_accelerator_memory() if FAKE_ACCELERATOR in types else 0
+    planned_fakes = any(count and name == FAKE_ACCELERATOR for count, name in zip(counts, types, strict=True))
+    fake_memory = read_fake_accelerator_memory() if planned_fakes else 0
     nodes = []
     for rank, (count, type_name) in enumerate(zip(counts, types, strict=True)):
         name = f"fake-node-{rank}"
