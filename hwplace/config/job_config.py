@@ -2,10 +2,10 @@
 
 The sections hwplace reads become records: ``cluster:`` a :class:`~hwplace.ClusterConfig`
 (:mod:`hwplace.config.section`), ``weight_sync:`` a tuple of :class:`~hwplace.config.weight_sync.SyncSpec`
-(:mod:`hwplace.config.weight_sync`), ``resources:`` a tuple of
-:class:`~hwplace.config.resources.ComponentResources` (:mod:`hwplace.config.resources`). The whole file is also kept as written, read-only, in ``raw``: ``job:``
-and any section of the job's own (``model:``, ...), which hwplace does not refuse. Planning and the runtime
-receive this record, never the raw mapping, so the file is read and checked once.
+(:mod:`hwplace.config.weight_sync`), ``resources:`` a tuple of :class:`~hwplace.config.resources.ComponentResources`
+(:mod:`hwplace.config.resources`). The whole file is also kept as written, read-only, in ``raw``: ``job:`` and
+any section of the job's own (``model:``, ...), which hwplace does not refuse. Planning and the runtime receive
+this record, never the raw mapping, so the file is read and checked once.
 
 A new section (``restart:``): its parser and records in a module of their own in this package,
 a field of :class:`JobConfig` with an empty default, and one line in :func:`parse_job_config` that parses it.

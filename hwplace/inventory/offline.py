@@ -81,10 +81,11 @@ def fake_cluster(
 
     Each node has ``accelerators_per_node`` accelerators (an int for every node, or one count per node) of
     ``accelerator_type`` (any registered accelerator backend, or one per node), whose backend supplies the
-    isolation variables; fake accelerators report ``memory_bytes`` from ``HWPLACE_FAKE_ACCELERATOR_MEMORY``
-    (default 80GiB), as the fake backend's do, other types no capacity; plus one record of the node backend, and the devices the config declares for it,
+    isolation variables; plus one record of the node backend, and the devices the config declares for it,
     each a healthy device whose properties are its config entry. ``num_nodes`` defaults to the config's, or
-    to the number of counts given.
+    to the number of counts given. Fake accelerators report ``memory_bytes`` from
+    ``HWPLACE_FAKE_ACCELERATOR_MEMORY`` (default 80GiB) as the fake backend's do; planned accelerators of other
+    types report no capacity.
     """
     manager = plugin_manager or get_plugin_manager()
     config = parse_cluster_config(cluster_cfg, plugin_manager=manager) if cluster_cfg is not None else None

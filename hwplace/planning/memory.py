@@ -89,7 +89,7 @@ def peak(holders: Sequence[tuple[ComponentResources, int]]) -> tuple[int, tuple[
     for position, (resources, processes) in enumerate(holders):
         phase, amount = resources.peak_phase
         holdings = [Holding(resources.component, processes, phase, amount * processes)]
-        for other, count in holders[:position] + holders[position + 1:]:
+        for other, count in (*holders[:position], *holders[position + 1:]):
             held_phase, held = other.meanwhile
             holdings.append(Holding(other.component, count, held_phase, held * count))
         total = sum(holding.amount for holding in holdings)
@@ -132,7 +132,8 @@ def check_memory(plans: Sequence[DeviceMemory]) -> None:
         return
     first = over[0]
     working = first.working
-    assert working is not None and first.capacity is not None  # a device over its capacity holds something
+    assert working is not None  # a device over its capacity holds something
+    assert first.capacity is not None
     others = [h.component for h in first.holdings[1:]]
     beside = f" beside {', '.join(others)}" if others else ""
     more = (f"; {plural(len(over) - 1, 'more device')} {'does' if len(over) == 2 else 'do'} not fit either"

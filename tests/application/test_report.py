@@ -90,13 +90,15 @@ def test_plan_json_gives_every_figure_in_bytes(tmp_path: Path, monkeypatch) -> N
         "holdings": [{"component": "trainer", "processes": 1, "phase": "train", "amount": 50 * GiB},
                      {"component": "rollout", "processes": 1, "phase": "offloaded", "amount": GiB // 2}],
         "undeclared": []}
-    assert memory[3]["node_rank"] == 1 and memory[3]["undeclared"] == ["reward"]
+    assert memory[3]["node_rank"] == 1
+    assert memory[3]["undeclared"] == ["reward"]
 
 
 def test_plan_without_a_resources_section_prints_no_memory(tmp_path: Path) -> None:
     text = JOB[:JOB.index("    resources:")]
     code, out, _ = run("plan", write(tmp_path, text), "--nodes", "1x4")
-    assert code == 0 and "memory per accelerator" not in out
+    assert code == 0
+    assert "memory per accelerator" not in out
     code, out, _ = run("plan", write(tmp_path, text), "--nodes", "1x4", "--json")
     assert "memory" not in json.loads(out)
 
@@ -108,8 +110,9 @@ def test_a_plan_that_does_not_fit_exits_2_naming_device_phase_components_and_fig
     code, out, err = run("plan", write(tmp_path, JOB.replace("num_nodes: 1", f"num_nodes: {nodes[0]}")), "--nodes",
                          nodes)
     assert (code, out) == (2, "")
-    assert err == ("hwplace: error: fake-accelerator 0 of node 0 does not hold its peak: 50.5 GiB (54223962112 bytes) "
-                   "when trainer is in phase 'train' beside rollout (trainer train 50 GiB + rollout offloaded 512 MiB), "
+    assert err == ("hwplace: error: fake-accelerator 0 of node 0 does not hold its peak: 50.5 GiB (54223962112 "
+                   "bytes) when trainer is in phase 'train' beside rollout (trainer train 50 GiB + rollout offloaded "
+                   "512 MiB), "
                    "but the device has 48 GiB (51539607552 bytes); 1 more device does not fit either; lower the "
                    "figures of resources:, give a component offloaded: or idle: and take turns, or place the "
                    "components on other devices\n")
@@ -118,10 +121,12 @@ def test_a_plan_that_does_not_fit_exits_2_naming_device_phase_components_and_fig
 def test_a_bad_memory_variable_or_resources_entry_exits_2_naming_it(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HWPLACE_FAKE_ACCELERATOR_MEMORY", "lots")
     code, _, err = run("plan", write(tmp_path), "--nodes", "1x4")
-    assert code == 2 and err.startswith("hwplace: error: HWPLACE_FAKE_ACCELERATOR_MEMORY: is not an amount of memory")
+    assert code == 2
+    assert err.startswith("hwplace: error: HWPLACE_FAKE_ACCELERATOR_MEMORY: is not an amount of memory")
     monkeypatch.delenv("HWPLACE_FAKE_ACCELERATOR_MEMORY")
     code, _, err = run("plan", write(tmp_path, JOB.replace("train: 20GiB", "trian: 20 GiBs")), "--nodes", "1x4")
-    assert code == 2 and err.startswith("hwplace: error: resources.critic.memory.trian: ")
+    assert code == 2
+    assert err.startswith("hwplace: error: resources.critic.memory.trian: ")
 
 
 def test_print_plan_and_memory_json_take_the_plans_records() -> None:

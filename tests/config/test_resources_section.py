@@ -26,13 +26,15 @@ def test_what_a_component_holds_while_another_works() -> None:
     both = ComponentResources("a", {"train": 50, "logprobs": 60, "idle": 40, "offloaded": 1})
     assert both.working_phases == {"train": 50, "logprobs": 60}
     assert both.peak_phase == ("logprobs", 60)
-    assert both.meanwhile == ("offloaded", 1) and both.takes_turns
+    assert both.meanwhile == ("offloaded", 1)
+    assert both.takes_turns
     assert ComponentResources("a", {"train": 50, "idle": 40}).meanwhile == ("idle", 40)
     alone = ComponentResources("a", {"generate": 30, "score": 30})
-    assert alone.meanwhile == ("generate", 30) and not alone.takes_turns  # the first of equal phases
-    with pytest.raises(AttributeError):
+    assert alone.meanwhile == ("generate", 30)
+    assert not alone.takes_turns
+    with pytest.raises(AttributeError, match="cannot assign"):
         both.component = "b"  # type: ignore[misc]
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="read-only"):
         both.memory["train"] = 1  # type: ignore[index]
 
 

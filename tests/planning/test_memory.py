@@ -184,7 +184,10 @@ def test_the_device_record_says_who_holds_what() -> None:
     assert first.holdings[1:] == (Holding("rollout", 1, "offloaded", GiB // 2),)
     assert first.undeclared == ("env",)
     assert (second.peak, second.holdings, second.undeclared, second.capacity) == (0, (), ("other",), None)
-    assert second.breakdown() == "-" and second.working is None and second.headroom is None and second.fits
+    assert second.breakdown() == "-"
+    assert second.working is None
+    assert second.headroom is None
+    assert second.fits
 
 
 def test_processes_on_nodes_or_devices_own_no_accelerator_and_count_nowhere() -> None:

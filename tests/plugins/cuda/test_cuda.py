@@ -6,6 +6,7 @@ import inspect
 import io
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 import pynvml  # type: ignore[import-untyped, import-not-found, unused-ignore]
 import pytest
@@ -550,7 +551,7 @@ def test_memory_per_phase_is_checked_against_each_gpu_and_mig_slice() -> None:
     cluster = detected_cluster(mig_machine(), {})
     assert [d.properties["memory_bytes"] for d in cluster.nodes[0].devices("cuda")] == [
         80 * 2**30, 40 * 2**30, 10 * 2**30, 80 * 2**30]
-    config = {"cluster": {"num_nodes": 1, "component_placement": {"trainer": "0", "rollout": "1-2"}},
+    config: dict[str, Any] = {"cluster": {"num_nodes": 1, "component_placement": {"trainer": "0", "rollout": "1-2"}},
               "resources": {"trainer": {"memory": {"train": "60GiB"}}, "rollout": {"memory": {"generate": "9GiB"}}}}
     plan = hwplace.ComponentPlacement(config, cluster)
     assert [(d.index, d.capacity, d.peak) for d in plan.memory] == [

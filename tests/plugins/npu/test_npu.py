@@ -8,6 +8,7 @@ import shlex
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -497,7 +498,7 @@ def test_memory_per_phase_is_checked_against_each_npus_hbm(fake_smi: FakeSmi) ->
     capacity = devices[0].properties["memory_bytes"]
     node = hwplace.Node(0, "npu-node", "npu-node", {"npu": tuple(devices), "node": (hwplace.Device(0, "node"),)})
     cluster = hwplace.Cluster(nodes=[node])
-    config = {"cluster": {"num_nodes": 1, "component_placement": {"actor,rollout": "0-7"}},
+    config: dict[str, Any] = {"cluster": {"num_nodes": 1, "component_placement": {"actor,rollout": "0-7"}},
               "resources": {"actor": {"memory": {"train": capacity - 2**30, "offloaded": "1GiB"}},
                             "rollout": {"memory": {"generate": "20GiB", "offloaded": "1GiB"}}}}
     plan = hwplace.ComponentPlacement(config, cluster)
