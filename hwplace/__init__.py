@@ -37,6 +37,7 @@ from hwplace.foundation.errors import (
     WeightSyncError,
     WorkerError,
 )
+from hwplace.foundation.sizes import parse_size
 from hwplace.foundation.version import __version__
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
@@ -105,6 +106,7 @@ __all__ = [
     "load_config",
     "parse_cluster_config",
     "parse_job_config",
+    "parse_size",
     "run_job",
     "testing",
 ]

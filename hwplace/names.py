@@ -7,9 +7,11 @@ defined. No module of hwplace imports this one.
 from __future__ import annotations
 
 from hwplace.foundation.settings import (
+    DEFAULT_FAKE_ACCELERATOR_MEMORY,
     DETECT_TIMEOUT,
     DISABLED_PLUGINS,
     FAKE_ACCELERATOR,
+    FAKE_ACCELERATOR_MEMORY,
     FAKE_ACCELERATORS,
     FAKE_ROBOT,
     FAKE_ROBOTS,
@@ -21,10 +23,12 @@ from hwplace.foundation.settings import (
 )
 
 __all__ = [
+    "DEFAULT_FAKE_ACCELERATOR_MEMORY",
     "DETECT_TIMEOUT",
     "DISABLED_PLUGINS",
     "FAKE_ACCELERATOR",
     "FAKE_ACCELERATORS",
+    "FAKE_ACCELERATOR_MEMORY",
     "FAKE_ROBOT",
     "FAKE_ROBOTS",
     "FAKE_VISIBLE_DEVICES",

@@ -12,9 +12,11 @@ from typing import Any, TextIO
 from hwplace.config.weight_sync import SyncSpec
 from hwplace.contracts.records import Placement
 from hwplace.foundation.errors import ConfigError
+from hwplace.foundation.sizes import format_size
 from hwplace.foundation.wording import plural
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
+from hwplace.planning.memory import DeviceMemory
 from hwplace.planning.sharing import shared_accelerators
 from hwplace.planning.sync_plan import SyncTarget, plan_sync
 
@@ -49,7 +51,8 @@ def group_settings(plan: ComponentPlacement, placement: Placement) -> tuple[dict
 
 def print_plan(plan: ComponentPlacement, out: TextIO) -> None:
     """One table per component: rank, node, local rank, hardware, isolation env, group settings; then the
-    accelerators it shares with other components (they take turns: ``Worker.turn``)."""
+    accelerators it shares with other components (they take turns: ``Worker.turn``); then, when the job has a
+    ``resources:`` section, each accelerator's peak memory (:func:`print_memory`)."""
     shares = shared_accelerators({name: plan.get_placements(name) for name in plan.components})
     for name in plan.components:
         spec = plan.spec(name)
@@ -71,6 +74,39 @@ def print_plan(plan: ComponentPlacement, out: TextIO) -> None:
             for share in shares.get((name, p.rank), ()):
                 out.write(f"  rank {p.rank} {share}\n")
         out.write("\n")
+    if plan.job.resources:
+        print_memory(plan.memory, out)
+
+
+def _memory_note(device: DeviceMemory) -> str:
+    notes = [device.breakdown()]
+    if device.capacity is None:
+        notes.append("capacity unknown: not checked")
+    if device.undeclared:
+        notes.append(f"not in resources: {', '.join(device.undeclared)}")
+    return "; ".join(notes)
+
+
+def print_memory(devices: Sequence[DeviceMemory], out: TextIO) -> None:
+    """Each accelerator's capacity, peak and headroom, and who holds what at its peak (SPEC §13)."""
+    out.write("memory per accelerator (resources:): the peak, when the component named first works\n")
+    rows = [["device", "capacity", "peak", "headroom", "at the peak"]]
+    for device in devices:
+        rows.append([device.device, format_size(device.capacity) if device.capacity is not None else "unknown",
+                     format_size(device.peak), format_size(device.headroom) if device.headroom is not None else "-",
+                     _memory_note(device)])
+    if len(rows) == 1:
+        rows.append(["-", "-", "-", "-", "no process owns an accelerator"])
+    table(rows, out)
+    out.write("\n")
+
+
+def memory_json(devices: Sequence[DeviceMemory]) -> list[dict[str, Any]]:
+    """Each accelerator's memory plan as JSON: figures in bytes, ``capacity`` and ``headroom`` null when unknown."""
+    return [{"node_rank": d.node_rank, "hardware_type": d.hardware_type, "index": d.index, "capacity": d.capacity,
+             "peak": d.peak, "headroom": d.headroom, "checked": d.capacity is not None, "fits": d.fits,
+             "holdings": [dataclasses.asdict(h) for h in d.holdings], "undeclared": list(d.undeclared)}
+            for d in devices]
 
 
 def plan_json(plan: ComponentPlacement) -> dict[str, Any]:
@@ -81,6 +117,7 @@ def plan_json(plan: ComponentPlacement) -> dict[str, Any]:
         shared = [dataclasses.asdict(share) for share in shares.get((name, p.rank), ())]
         return {**dataclasses.asdict(p), "group_env": env, "python_interpreter_path": python, "shares": shared}
 
+    memory = {"memory": memory_json(plan.memory)} if plan.job.resources else {}
     return {
         "nodes": [{"rank": n.rank, "node_id": n.node_id, "address": n.address,
                    "hardware": {t: len(d) for t, d in n.hardware.items()}} for n in plan.cluster.nodes],
@@ -93,6 +130,7 @@ def plan_json(plan: ComponentPlacement) -> dict[str, Any]:
             }
             for name in plan.components
         },
+        **memory,
     }
 
 

@@ -1,7 +1,8 @@
 """Every ``HWPLACE_*`` environment variable the core reads: its name, its default, and its reader.
 
 One place, so a variable is never spelled two ways or read with two defaults. Plugins keep their own
-variables (``HWPLACE_SERIAL_ROBOTS`` is the serial backend's). Imports only :mod:`hwplace.foundation.errors`.
+variables (``HWPLACE_SERIAL_ROBOTS`` is the serial backend's). Imports only :mod:`hwplace.foundation.errors` and
+:mod:`hwplace.foundation.sizes`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import sys
 
 from hwplace.foundation.errors import PluginError
+from hwplace.foundation.sizes import parse_size
 
 DISABLED_PLUGINS = "HWPLACE_DISABLED_PLUGINS"
 """Plugins not to load, by name, comma-separated (``a,b``); default none."""
@@ -27,6 +29,13 @@ the executor finds nodes in."""
 
 FAKE_ACCELERATORS = "HWPLACE_FAKE_ACCELERATORS"
 """How many ``fake-accelerator`` devices the fake backend finds on a node; default 0."""
+
+FAKE_ACCELERATOR_MEMORY = "HWPLACE_FAKE_ACCELERATOR_MEMORY"
+"""The memory of each ``fake-accelerator`` (``Device.properties["memory_bytes"]``), of the fake backend and of
+offline inventories alike: bytes, or an amount with a unit (``80GiB``); default
+:data:`DEFAULT_FAKE_ACCELERATOR_MEMORY`."""
+
+DEFAULT_FAKE_ACCELERATOR_MEMORY = "80GiB"
 
 FAKE_ACCELERATOR = "fake-accelerator"
 """The fake backend's accelerator type (``hardware.type``, ``Placement.hardware_type``), the default of offline
@@ -76,6 +85,14 @@ def read_detect_timeout() -> float:
         raise PluginError(f"{DETECT_TIMEOUT} is {raw!r}; allowed: a number of seconds above 0 and at "
                           f"most {MAX_DETECT_TIMEOUT:g}")
     return value
+
+
+def read_fake_accelerator_memory() -> int:
+    """``HWPLACE_FAKE_ACCELERATOR_MEMORY`` in bytes (digits alone are bytes); ``80GiB`` when unset or empty. A value
+    that is no amount of memory is a :class:`~hwplace.ConfigError` naming the variable."""
+    raw = os.environ.get(FAKE_ACCELERATOR_MEMORY, "").strip() or DEFAULT_FAKE_ACCELERATOR_MEMORY
+    return parse_size(int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 20 else raw,
+                      FAKE_ACCELERATOR_MEMORY)
 
 
 def read_node_rank() -> str | None:

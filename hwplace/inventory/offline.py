@@ -15,7 +15,7 @@ from hwplace.config.section import parse_cluster_config
 from hwplace.contracts.hardware import Device
 from hwplace.contracts.records import Node
 from hwplace.foundation.errors import ConfigError
-from hwplace.foundation.settings import FAKE_ACCELERATOR
+from hwplace.foundation.settings import FAKE_ACCELERATOR, read_fake_accelerator_memory
 from hwplace.foundation.wording import did_you_mean, safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.plugin.detection import MAX_DEVICES
@@ -83,19 +83,25 @@ def fake_cluster(
     ``accelerator_type`` (any registered accelerator backend, or one per node), whose backend supplies the
     isolation variables; plus one record of the node backend, and the devices the config declares for it,
     each a healthy device whose properties are its config entry. ``num_nodes`` defaults to the config's, or
-    to the number of counts given.
+    to the number of counts given. Fake accelerators report ``memory_bytes`` from
+    ``HWPLACE_FAKE_ACCELERATOR_MEMORY`` (default 80GiB) as the fake backend's do; planned accelerators of other
+    types report no capacity.
     """
     manager = plugin_manager or get_plugin_manager()
     config = parse_cluster_config(cluster_cfg, plugin_manager=manager) if cluster_cfg is not None else None
     counts = accelerator_counts(accelerators_per_node, num_nodes, config.num_nodes if config else None)
     types = _types(accelerator_type, counts, manager)
     node_backends = manager.backends_of_kind("node")
+    planned_fakes = any(count and name == FAKE_ACCELERATOR for count, name in zip(counts, types, strict=True))
+    fake_memory = read_fake_accelerator_memory() if planned_fakes else 0
     nodes = []
     for rank, (count, type_name) in enumerate(zip(counts, types, strict=True)):
         name = f"fake-node-{rank}"
         hardware: dict[str, tuple[Device, ...]] = {}
         if count:
-            hardware[type_name] = tuple(Device(i, f"planned {type_name}") for i in range(count))
+            properties = {"memory_bytes": fake_memory} if type_name == FAKE_ACCELERATOR else {}
+            hardware[type_name] = tuple(Device(i, f"planned {type_name}", properties=properties)
+                                        for i in range(count))
         for backend in node_backends:  # none when the node plugin is disabled: nothing stands in for it
             hardware[backend.name] = (Device(0, "planned node", properties={"hostname": name, "address": name}),)
         for device_type, configs in (config.declared_configs(rank) if config else {}).items():

@@ -20,6 +20,7 @@ from hwplace.contracts.records import Placement
 from hwplace.foundation.errors import ConfigError, PlacementError
 from hwplace.foundation.wording import did_you_mean, plural, safe_repr
 from hwplace.inventory.cluster import Cluster
+from hwplace.planning.memory import DeviceKey, DeviceMemory, capacity_of, check_memory, device_memory
 from hwplace.planning.placements import build_placements, gc_paused
 from hwplace.planning.resources import ResourceSpace, resource_space
 from hwplace.planning.strategies import FlexiblePlacementStrategy, NodePlacementStrategy, PlacementStrategy
@@ -33,6 +34,10 @@ class ComponentPlacement:
     job config planned from (a ``ClusterConfig`` alone makes one without other sections), ``config`` its
     ``cluster:`` record. Every component is placed when this object is built, so every mistake surfaces here as
     a :class:`~hwplace.PlacementError` naming the component and quoting the entry, not at launch.
+
+    When the job has a ``resources:`` section, the peak memory of every accelerator is planned too
+    (:mod:`hwplace.planning.memory`, in :attr:`memory`), and a device whose peak exceeds its capacity is a
+    ``PlacementError`` naming the device, the phase, the components and both figures.
     """
 
     def __init__(
@@ -60,6 +65,19 @@ class ComponentPlacement:
         with gc_paused():  # tens of thousands of small records: collections would make planning superlinear
             for spec in self.config.components.values():
                 self._place(spec, spaces)
+        self.memory: list[DeviceMemory] = self._plan_memory() if self.job.resources else []
+        """Each accelerator's peak memory, capacity and headroom; empty without a ``resources:`` section."""
+        check_memory(self.memory)
+
+    def _plan_memory(self) -> list[DeviceMemory]:
+        capacities: dict[DeviceKey, int | None] = {}
+        for placements in self._placements.values():
+            for p in placements:
+                if p.local_accelerator_id >= 0 and (p.node_rank, p.hardware_type, p.local_accelerator_id) \
+                        not in capacities:
+                    for device in self.cluster.nodes[p.node_rank].devices(p.hardware_type):
+                        capacities[(p.node_rank, p.hardware_type, device.index)] = capacity_of(device.properties)
+        return device_memory(self._placements, self.job.resources, capacities)
 
     def _place(self, spec: ComponentSpec, spaces: dict[tuple[str, ...], ResourceSpace]) -> None:
         text = spec.placement

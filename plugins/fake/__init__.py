@@ -1,4 +1,5 @@
-"""The fake backend: accelerators counted from ``HWPLACE_FAKE_ACCELERATORS``, robots from the config.
+"""The fake backend: accelerators counted from ``HWPLACE_FAKE_ACCELERATORS``, each with the memory
+``HWPLACE_FAKE_ACCELERATOR_MEMORY`` gives (``memory_bytes``, default 80GiB); robots from the config.
 
 It behaves like a real backend in every other way, so the whole engine can be exercised anywhere.
 """
@@ -11,7 +12,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import hwplace
-from hwplace.names import FAKE_ACCELERATOR, FAKE_ACCELERATORS, FAKE_ROBOT, FAKE_ROBOTS, FAKE_VISIBLE_DEVICES
+from hwplace.names import (
+    DEFAULT_FAKE_ACCELERATOR_MEMORY,
+    FAKE_ACCELERATOR,
+    FAKE_ACCELERATOR_MEMORY,
+    FAKE_ACCELERATORS,
+    FAKE_ROBOT,
+    FAKE_ROBOTS,
+    FAKE_VISIBLE_DEVICES,
+)
 
 COUNT_VARIABLE = FAKE_ACCELERATORS
 MAX_ACCELERATORS = 4096  # per node; a larger count is a typo, refused before anything is allocated
@@ -19,7 +28,8 @@ ROBOT_KEYS = ("node_rank", "name", "model", "unhealthy")
 
 
 class FakeAccelerator(hwplace.HardwareBackend):
-    """``HWPLACE_FAKE_ACCELERATORS`` accelerators on each node, isolated by ``FAKE_VISIBLE_DEVICES``."""
+    """``HWPLACE_FAKE_ACCELERATORS`` accelerators on each node, isolated by ``FAKE_VISIBLE_DEVICES``, each of
+    ``HWPLACE_FAKE_ACCELERATOR_MEMORY`` bytes (an amount such as ``40GiB``; default 80GiB)."""
 
     name = FAKE_ACCELERATOR
     kind = "accelerator"
@@ -31,15 +41,23 @@ class FakeAccelerator(hwplace.HardwareBackend):
                                      "count to give the node fake accelerators")
         if not (raw.isascii() and raw.isdigit() and len(raw) <= 6 and int(raw) <= MAX_ACCELERATORS):
             raise ValueError(f"{COUNT_VARIABLE} must be an integer from 0 to {MAX_ACCELERATORS}, got {raw[:20]!r}")
+        memory = _memory()
         host = socket.gethostname()
         return [
             hwplace.Device(i, "hwplace fake accelerator",
-                           properties={"uuid": f"FAKE-{host}-{i}", "memory_bytes": 80 * 2**30})
+                           properties={"uuid": f"FAKE-{host}-{i}", "memory_bytes": memory})
             for i in range(int(raw))
         ]
 
     def isolation_env(self, devices: Sequence[hwplace.Device]) -> dict[str, str]:
         return {FAKE_VISIBLE_DEVICES: ",".join(str(d.index) for d in devices)}
+
+
+def _memory() -> int:
+    """``HWPLACE_FAKE_ACCELERATOR_MEMORY`` in bytes (digits alone are bytes), read as offline inventories read it."""
+    raw = os.environ.get(FAKE_ACCELERATOR_MEMORY, "").strip() or DEFAULT_FAKE_ACCELERATOR_MEMORY
+    return hwplace.parse_size(int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 20 else raw,
+                              FAKE_ACCELERATOR_MEMORY)
 
 
 class FakeRobot(hwplace.HardwareBackend):

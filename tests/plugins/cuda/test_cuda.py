@@ -6,6 +6,7 @@ import inspect
 import io
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 import pynvml  # type: ignore[import-untyped, import-not-found, unused-ignore]
 import pytest
@@ -543,6 +544,33 @@ def test_placement_on_detected_gpus_under_a_mask_names_them_by_uuid() -> None:
     placements = hwplace.PackedPlacementStrategy(0, 2).get_placement(cluster)
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in placements] == [uuid(3), uuid(1), uuid(2)]
     assert all(p.env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1" for p in placements)
+
+
+def test_memory_per_phase_is_checked_against_each_gpu_and_mig_slice() -> None:
+    """SPEC §13 on detected GPUs: a whole 80 GB H100, a 3g.40gb and a 1g.10gb MIG slice, each its own capacity."""
+    cluster = detected_cluster(mig_machine(), {})
+    assert [d.properties["memory_bytes"] for d in cluster.nodes[0].devices("cuda")] == [
+        80 * 2**30, 40 * 2**30, 10 * 2**30, 80 * 2**30]
+    config: dict[str, Any] = {"cluster": {"num_nodes": 1, "component_placement": {"trainer": "0", "rollout": "1-2"}},
+              "resources": {"trainer": {"memory": {"train": "60GiB"}}, "rollout": {"memory": {"generate": "9GiB"}}}}
+    plan = hwplace.ComponentPlacement(config, cluster)
+    assert [(d.index, d.capacity, d.peak) for d in plan.memory] == [
+        (0, 80 * 2**30, 60 * 2**30), (1, 40 * 2**30, 9 * 2**30), (2, 10 * 2**30, 9 * 2**30)]
+    config["resources"]["rollout"]["memory"]["generate"] = "12GiB"
+    with pytest.raises(hwplace.PlacementError, match=r"^cuda 2 of node 0 does not hold its peak: 12 GiB .* when "
+                                                     r"rollout is in phase 'generate' .*but the device has 10 GiB"):
+        hwplace.ComponentPlacement(config, cluster)
+
+
+def test_planned_gpus_of_an_offline_inventory_report_no_capacity_and_are_not_checked() -> None:
+    manager = PluginManager()
+    with registered_plugin(hwplace_plugins.cuda, plugin_manager=manager):
+        config = {"cluster": {"num_nodes": 1, "component_placement": {"trainer": "0"}},
+                  "resources": {"trainer": {"memory": {"train": "1TiB"}}}}
+        cluster = fake_cluster(config["cluster"], accelerators_per_node=2, accelerator_type="cuda",
+                               plugin_manager=manager)
+        (device,) = hwplace.ComponentPlacement(config, cluster).memory
+    assert (device.capacity, device.peak, device.fits) == (None, 2**40, True)
 
 
 # -- the stand-in is faithful to pynvml ----------------------------------------------------------------

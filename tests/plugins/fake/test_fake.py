@@ -40,6 +40,34 @@ def test_an_absurd_count_is_refused_before_anything_is_allocated(monkeypatch, co
     assert detection.seconds < 1
 
 
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, 80 * 2**30), ("", 80 * 2**30), ("40GiB", 40 * 2**30), ("24 GB", 24 * 10**9), ("0.5TiB", 2**39),
+    ("1073741824", 2**30), (" 10GiB ", 10 * 2**30),
+])
+def test_each_accelerator_has_the_memory_the_variable_gives(monkeypatch, value: str | None, expected: int) -> None:
+    monkeypatch.setenv("HWPLACE_FAKE_ACCELERATORS", "2")
+    if value is None:
+        monkeypatch.delenv("HWPLACE_FAKE_ACCELERATOR_MEMORY", raising=False)
+    else:
+        monkeypatch.setenv("HWPLACE_FAKE_ACCELERATOR_MEMORY", value)
+    assert [d.properties["memory_bytes"] for d in FakeAccelerator().detect([])] == [expected] * 2
+    planned = hwplace.testing.fake_cluster(num_nodes=1, accelerators_per_node=2)  # offline inventories alike
+    assert [d.properties["memory_bytes"] for d in planned.nodes[0].devices("fake-accelerator")] == [expected] * 2
+
+
+@pytest.mark.parametrize("value", ["80G", "lots", "-1GiB", "1.5", "9" * 30, "2000000TiB"])
+def test_a_bad_memory_is_reported_naming_the_variable(monkeypatch, value: str) -> None:
+    monkeypatch.setenv("HWPLACE_FAKE_ACCELERATORS", "2")
+    monkeypatch.setenv("HWPLACE_FAKE_ACCELERATOR_MEMORY", value)
+    detection = PluginManager().detect("fake-accelerator", timeout=5)
+    assert detection.devices == ()
+    assert "HWPLACE_FAKE_ACCELERATOR_MEMORY: " in str(detection.error)
+    with pytest.raises(hwplace.ConfigError, match=r"^HWPLACE_FAKE_ACCELERATOR_MEMORY: ") as caught:
+        hwplace.testing.fake_cluster(num_nodes=1, accelerators_per_node=2)
+    assert caught.value.path == "HWPLACE_FAKE_ACCELERATOR_MEMORY"
+    hwplace.testing.fake_cluster(num_nodes=1, accelerators_per_node=0)  # no fake accelerator: not read
+
+
 def test_isolation_variables() -> None:
     accelerators = [hwplace.Device(i, "fake") for i in (1, 3)]
     assert FakeAccelerator().isolation_env(accelerators) == {"FAKE_VISIBLE_DEVICES": "1,3"}

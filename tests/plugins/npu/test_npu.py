@@ -8,6 +8,7 @@ import shlex
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -490,6 +491,22 @@ def test_planning_offline_on_npu_nodes() -> None:
     assert placements[5].node_rank == 1
     assert placements[5].env == {ISOLATION: "2,3", OPT_OUT: "1"}
     assert {p.hardware_type for p in placements} == {"npu"}
+
+
+def test_memory_per_phase_is_checked_against_each_npus_hbm(fake_smi: FakeSmi) -> None:
+    devices = backend(fake_smi("atlas800t_a2_910b3_x8.txt", folder="plain")).detect([])
+    capacity = devices[0].properties["memory_bytes"]
+    node = hwplace.Node(0, "npu-node", "npu-node", {"npu": tuple(devices), "node": (hwplace.Device(0, "node"),)})
+    cluster = hwplace.Cluster(nodes=[node])
+    config: dict[str, Any] = {"cluster": {"num_nodes": 1, "component_placement": {"actor,rollout": "0-7"}},
+              "resources": {"actor": {"memory": {"train": capacity - 2**30, "offloaded": "1GiB"}},
+                            "rollout": {"memory": {"generate": "20GiB", "offloaded": "1GiB"}}}}
+    plan = hwplace.ComponentPlacement(config, cluster)
+    assert {(d.capacity, d.headroom) for d in plan.memory} == {(capacity, 0)}
+    config["resources"]["rollout"]["memory"]["offloaded"] = 2**30 + 1  # one byte more than the HBM
+    with pytest.raises(hwplace.PlacementError, match=r"^npu 0 of node 0 does not hold its peak: .* when actor is in "
+                                                     r"phase 'train' beside rollout .*; 7 more devices do not fit"):
+        hwplace.ComponentPlacement(config, cluster)
 
 
 def test_detected_devices_are_plain_data_and_picklable(fake_smi: FakeSmi) -> None:
