@@ -1,5 +1,5 @@
-"""Turns on shared accelerators, on two nodes of each executor (tests/runtime/conftest.py): trainer rank i and
-rollout rank i share fake accelerator i of node 0 (``rollout,trainer: 0-1``); ``solo`` has accelerator 0 of node 1 to itself.
+"""Turns on shared accelerators, on two nodes of each executor (tests/runtime/conftest.py): trainer rank i and rollout
+rank i share fake accelerator i of node 0 (``rollout,trainer: 0-1``); ``solo`` has accelerator 0 of node 1 to itself.
 
 Each worker records what happens in its turns into a channel queue per accelerator. Records are put inside
 the turn, so a queue's order is the order of the turns on that accelerator.

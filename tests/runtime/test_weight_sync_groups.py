@@ -1,5 +1,5 @@
-"""hwplace.WeightSync on two nodes of each executor (tests/runtime/conftest.py): the plan's transports, versions, atomicity, load_into,
-and a corrupted bucket caught by its digest (the previous version kept)."""
+"""hwplace.WeightSync on two nodes of each executor (tests/runtime/conftest.py): the plan's transports, versions,
+atomicity, load_into, and a corrupted bucket caught by its digest (the previous version kept)."""
 
 from __future__ import annotations
 
