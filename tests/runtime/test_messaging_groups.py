@@ -1,7 +1,7 @@
-"""Messaging between workers of two groups on a real two-node Ray cluster (CPU tensors, gloo): order per pair,
-pickled values, dtypes and shapes, broadcast over two groups, timeouts, a peer killed during a recv (with and
-without a timeout), a recv cancelled through its call's handle, a first use from two threads at once, a message
-the receiver cannot read."""
+"""Messaging between workers of two groups on two nodes of each executor (tests/runtime/conftest.py; CPU tensors, gloo):
+order per pair, pickled values, dtypes and shapes, broadcast over two groups, timeouts, a peer killed during a recv
+(with and without a timeout), a recv cancelled through its call's handle, a first use from two threads at once, a
+message the receiver cannot read."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ import numpy as np
 import pytest
 
 import hwplace
-from hwplace_plugins.ray.pytest_plugin import LocalRay
 
-ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.time_limit(120)
 
@@ -93,8 +91,7 @@ class AsyncTalker(Talker):
 
 
 @pytest.fixture(scope="module")
-def groups(hwplace_local_ray: LocalRay):
-    cluster = hwplace.Cluster({"num_nodes": 2})
+def groups(cluster: hwplace.Cluster):
     trainer = Talker.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 1]), name="trainer")
     rollout = Talker.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 1]), name="rollout")
     yield cluster, trainer, rollout
