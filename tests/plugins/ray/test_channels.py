@@ -1,10 +1,11 @@
-"""Channels on a real two-node Ray cluster: hosts where asked, workers on both nodes, close, loss, payloads."""
+"""Channels on a real two-node Ray cluster, what is Ray's own: hosts where asked (Ray nodes), a killed channel actor,
+large items through Ray's object store. The executor-independent channel tests are in
+tests/runtime/test_channels_groups.py."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -122,57 +123,6 @@ def test_worker_channel_is_hosted_where_asked(peers: hwplace.WorkerGroup, nodes:
     assert host_node(hwplace.Channel.create(other, group_affinity="peers", group_rank_affinity=2)) == nodes[2]
 
 
-def test_affinity_to_an_unknown_group_or_rank_is_an_error(peers: hwplace.WorkerGroup) -> None:
-    with pytest.raises(hwplace.ConfigError, match=r"group_affinity: there is no running worker group named 'nope'"):
-        hwplace.Channel.create(fresh("lost"), group_affinity="nope")
-    with pytest.raises(hwplace.ConfigError, match=r"group_rank_affinity: group 'peers' has ranks 0-3 \(got 4\)"):
-        hwplace.Channel.create(fresh("lost"), group_affinity="peers", group_rank_affinity=4)
-
-
-def test_names_are_shared_by_driver_and_workers(peers: hwplace.WorkerGroup) -> None:
-    name = fresh("shared")
-    peers.execute_on(1).create(name).wait()
-    with pytest.raises(hwplace.ConfigError, match=rf"a channel named {name!r} exists"):
-        hwplace.Channel.create(name)
-    assert peers.execute_on(2, 3).produce_by_name(name, 5).wait() == [5, 5]
-    assert Counter(r for r, _, _ in hwplace.Channel.connect(name).get_batch(22, timeout=10)) == {2: 5, 3: 5}
-    with pytest.raises(hwplace.ConfigError, match=r"there is no channel named 'absent'; channels here: .*"
-                       + name):
-        hwplace.Channel.connect("absent")
-
-
-def test_stress_producers_and_consumers_on_both_nodes_lose_nothing(peers: hwplace.WorkerGroup) -> None:
-    channel = hwplace.Channel.create(fresh("stress"), maxsize=16)
-    per = 400
-    producing = peers.execute_on(0, 2).produce(channel, per)
-    getting = peers.execute_on(1).consume(channel, None, 3.0)
-    batching = peers.execute_on(3).consume(channel, 7, 3.0)
-    assert producing.wait(timeout=120) == [per, per]
-    got = getting.wait(timeout=120)[0] + batching.wait(timeout=120)[0]
-    assert Counter(got) == Counter((rank, rank // 2, i) for rank in (0, 2) for i in range(per))
-    assert len(getting.wait()[0]) > 0
-    assert len(batching.wait()[0]) > 0
-    for part in (getting.wait()[0], batching.wait()[0]):
-        for rank in (0, 2):  # each producer's items arrive in the order they were put
-            sequence = [i for r, _, i in part if r == rank]
-            assert sequence == sorted(sequence)
-
-
-def test_close_wakes_every_blocked_worker_at_once(peers: hwplace.WorkerGroup) -> None:
-    channel = hwplace.Channel.create(fresh("closing"))
-    plain = peers.wait_for_item(channel)
-    batched = peers.wait_for_batch(channel)
-    time.sleep(1.0)
-    assert not plain.done()
-    assert not batched.done()
-    channel.close()
-    results = plain.wait(timeout=10)
-    assert all(r.startswith("ChannelClosed after") for r in results), results
-    assert batched.wait(timeout=10) == ["ChannelClosed"] * 4
-    with pytest.raises(hwplace.ChannelClosed, match=r"put failed, the channel is closed"):
-        channel.put(1)
-
-
 def test_a_killed_channel_actor_is_an_error_for_every_caller(peers: hwplace.WorkerGroup) -> None:
     channel = hwplace.Channel.create(fresh("doomed"))
     blocked = peers.wait_for_item(channel)
@@ -186,18 +136,6 @@ def test_a_killed_channel_actor_is_an_error_for_every_caller(peers: hwplace.Work
         mine.wait(timeout=30)
     with pytest.raises(hwplace.ChannelLost, match=r"is gone"):
         channel.put(1)
-
-
-def test_tensors_and_arrays_cross_nodes_with_dtype_shape_and_device(peers: hwplace.WorkerGroup) -> None:
-    torch = pytest.importorskip("torch")
-    channel = hwplace.Channel.create(fresh("tensors"))
-    channel.put({"t": torch.arange(6, dtype=torch.int16).reshape(2, 3), "a": np.eye(3, dtype=np.float64)})
-    got = peers.execute_on(3).take(channel).wait()[0]
-    assert got["t"].dtype == torch.int16
-    assert tuple(got["t"].shape) == (2, 3)
-    assert got["t"].device.type == "cpu"
-    assert got["a"].dtype == np.float64
-    assert np.array_equal(got["a"], np.eye(3))
 
 
 def test_large_arrays_travel_through_the_object_store(peers: hwplace.WorkerGroup) -> None:
@@ -220,24 +158,3 @@ def test_a_large_item_whose_producer_died_is_reported_lost(cluster: hwplace.Clus
     time.sleep(1.0)
     with pytest.raises(hwplace.ChannelLost, match=r"lost, most likely with the process that put it"):
         channel.get(timeout=30)
-
-
-def test_get_batch_per_rank_balances_weight_where_equal_counts_do_not(peers: hwplace.WorkerGroup) -> None:
-    # Rollouts of skewed lengths (weight = length); four trainer ranks pull their share of each step.
-    lengths = [int(x) + 1 for x in np.random.default_rng(0).lognormal(4, 0.8, size=480)]
-    steps, ranks = 5, 4
-    target = sum(lengths) / (ranks * steps) * 0.9
-
-    def filled() -> hwplace.Channel:
-        channel = hwplace.Channel.create(fresh("rollouts"))
-        for length in lengths:
-            channel.put(b"x" * length, weight=length)
-        return channel
-
-    by_weight = peers.pull(filled(), target, 0, steps).wait(timeout=60)
-    by_count = peers.pull(filled(), None, len(lengths) // (ranks * steps), steps).wait(timeout=60)
-    for taken in by_weight:  # each rank reached the target and overshot by less than one rollout
-        assert all(target <= w < target + max(lengths) for w in taken)
-    weight_imbalance = [hwplace.imbalance([taken[s] for taken in by_weight]) for s in range(steps)]
-    count_imbalance = [hwplace.imbalance([taken[s] for taken in by_count]) for s in range(steps)]
-    assert sum(weight_imbalance) < sum(count_imbalance)
