@@ -20,14 +20,15 @@ TIMEOUT = 60.0  # seconds a target waits for one version, a recv for one message
 
 
 @contextlib.contextmanager
-def colocated(gpu: bool) -> Iterator[tuple[Any, Any, Any]]:
-    """A trainer and a rollout group, one worker each, sharing accelerator 0; yields (cluster, trainer, rollout)."""
+def colocated(gpu: bool, env: dict[str, str] | None = None) -> Iterator[tuple[Any, Any, Any]]:
+    """A trainer and a rollout group, one worker each, sharing accelerator 0, their processes started with ``env``
+    added; yields (cluster, trainer, rollout)."""
     import hwplace
     from gpu_checks.e2e_workers import Rollout, Trainer
     from hwplace.testing import process_cluster
 
     shape: dict[str, Any] = {"inherit_env": True} if gpu else {"num_nodes": 1, "accelerators_per_node": 2}
-    with process_cluster(**shape) as cluster:
+    with process_cluster(**shape, env_vars=env) as cluster:
         kinds = sorted(t for t, devices in cluster.nodes[0].hardware.items() if devices and t != "node")
         if gpu and "cuda" not in kinds:
             raise CheckFailed(f"the node has no cuda accelerators: found {kinds}; problems {cluster.problems}")
@@ -50,12 +51,11 @@ def _wait(handle: Any, what: str) -> Any:
         raise CheckFailed(f"{what}: {type(exc).__name__}: {str(exc)[:1500]}") from exc
 
 
-@check("weight_sync_e2e", 240, issue="26 points 2 to 5 end to end: WeightSync between two colocated workers")
-def weight_sync_e2e(gpu: bool) -> dict[str, Any]:
+def _weight_sync(gpu: bool, env: dict[str, str] | None) -> dict[str, Any]:
     import hwplace
 
     versions, mib = (60, 64) if gpu else (20, 8)
-    with colocated(gpu) as (cluster, trainer, rollout):
+    with colocated(gpu, env) as (cluster, trainer, rollout):
         sync = hwplace.WeightSync.create("policy", source="trainer", targets=("rollout",), cluster=cluster)
         before = _wait(trainer.gpu(), "the trainer's device")
         taking = rollout.take(sync, versions, TIMEOUT)
@@ -66,6 +66,17 @@ def weight_sync_e2e(gpu: bool) -> dict[str, Any]:
         if taken["wrong"] or taken["last"] != versions:
             raise CheckFailed("the rollout did not get every version intact", details)
         return details
+
+
+@check("weight_sync_e2e", 240, issue="26 points 2 to 5 end to end: WeightSync between two colocated workers")
+def weight_sync_e2e(gpu: bool) -> dict[str, Any]:
+    return _weight_sync(gpu, None)
+
+
+@check("weight_sync_e2e_expandable", 240, issue="26 point 2 end to end: the same, every process under "
+       "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (RL stacks set it)")
+def weight_sync_e2e_expandable(gpu: bool) -> dict[str, Any]:
+    return _weight_sync(gpu, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
 
 
 @check("messaging_e2e_same_gpu", 180, issue="26 point 1 end to end: send/recv of a CUDA tensor between two "
