@@ -42,6 +42,7 @@ from hwplace.contracts.executor import (
 from hwplace.contracts.records import WorkerContext
 from hwplace.contracts.registry import DeviceLease, GroupRecord, LeaseConflict, WorkerRecord
 from hwplace.inventory.detection import detect_here
+from hwplace.inventory.leases import LeaseBook
 from hwplace.planning.sharing import Share, shared_accelerators
 from hwplace.plugin.detection import detect_timeout
 from hwplace.plugin.session import Session, current_executor, session, swapped_session
@@ -63,6 +64,7 @@ __all__ = [
     "GroupRequest",
     "GroupRuntime",
     "Handle",
+    "LeaseBook",
     "LeaseConflict",
     "Leases",
     "LocalClusters",

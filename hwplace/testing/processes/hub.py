@@ -20,8 +20,9 @@ from hwplace.contracts.capabilities import TurnAddress
 from hwplace.contracts.executor import GroupEntry
 from hwplace.contracts.registry import GroupRecord, LeaseConflict
 from hwplace.foundation.errors import ChannelLost, ConfigError
+from hwplace.inventory.leases import LeaseBook
 from hwplace.runtime.turns.arbiter import TurnServer
-from hwplace.testing.processes.leases import LeaseBook
+from hwplace.testing.processes.leases import live_pids
 from hwplace.testing.processes.wire import HOST
 
 T = TypeVar("T")
@@ -51,7 +52,7 @@ class Hub:
         self._entries: dict[str, GroupEntry] = {}
         self._arbiters: dict[str, tuple[TurnServer, TurnAddress]] = {}
         self._channels: dict[str, _Channel] = {}
-        self._book = LeaseBook()
+        self._book = LeaseBook(lambda ids: live_pids(self._book.jobs, ids))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 

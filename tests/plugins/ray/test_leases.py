@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 import hwplace
-from hwplace.executor import DeviceLease, GroupRecord, WorkerRecord
+from hwplace.executor import DeviceLease, GroupRecord, LeaseBook, WorkerRecord
 from hwplace_plugins.ray.pytest_plugin import LocalRay
-from hwplace_plugins.ray.registry import LeaseBook
 
 # -- the book, without Ray ------------------------------------------------------------------------------------
 
