@@ -1,8 +1,9 @@
 """hwplace.testing.ProcessExecutor: workers as child processes on simulated nodes of this machine, no Ray.
 
-Groups, rank order, failures and dead workers, cancellation, channels, weight sync, messaging and turns, as
-the Ray executor's tests check them (tests/plugins/ray), on a two-node process cluster with four fake
-accelerators per node.
+What is this executor's own, on a two-node process cluster with four fake accelerators per node: groups, rank
+order, failures and dead workers, handles, large channel items through its hub, pickling into workers, leases
+and status, and no process left behind. Cancellation, channels between workers, weight sync, messaging and turns
+run on it, as on Ray, in the runtime's tests (tests/runtime/conftest.py).
 """
 
 from __future__ import annotations
@@ -86,31 +87,6 @@ class Echo(hwplace.Worker):
         return "leased"
 
 
-class Sleeper(hwplace.Worker):
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    async def wait_long(self, started: hwplace.Channel) -> str:
-        started.put(self.rank, weight=1)
-        try:
-            await asyncio.sleep(120)
-        except asyncio.CancelledError:
-            self.seen.append("CancelledError")
-            raise
-        return "finished"
-
-    def what_was_seen(self) -> list[str]:
-        return self.seen
-
-    async def quick(self) -> int:
-        return self.rank
-
-    def block(self, started: hwplace.Channel) -> str:
-        started.put(self.rank, weight=1)
-        time.sleep(120)
-        return "slept"
-
-
 class Peer(hwplace.Worker):
     def create(self, name: str, group: str | None = None, rank: int | None = None) -> str:
         return self.create_channel(name, group_affinity=group, group_rank_affinity=rank).where
@@ -131,62 +107,6 @@ class Peer(hwplace.Worker):
 def torch_module() -> Any:
     """torch, imported when a test needs it: a worker process imports this module, and starts sooner without."""
     return pytest.importorskip("torch")
-
-
-class Trainer(hwplace.Worker):
-    def publish(self, sync: hwplace.WeightSync, version: int) -> int:
-        torch = torch_module()
-        return sync.publish({"w": torch.full((64, 32), float(version)), "b": torch.full((3,), float(version))})
-
-
-class Rollout(hwplace.Worker):
-    def latest(self, sync: hwplace.WeightSync, min_version: int) -> tuple[int, list[float]]:
-        weights = sync.latest(min_version=min_version, timeout=60)
-        return weights.version, sorted({float(v) for t in weights.tensors.values() for v in t.float().reshape(-1)})
-
-
-class Talker(hwplace.Worker):
-    def send_all(self, items: list[Any], group: str, rank: int) -> int:
-        for item in items:
-            self.send(item, group, rank)
-        return len(items)
-
-    def recv_all(self, count: int, group: str, rank: int) -> list[Any]:
-        return [self.recv(group, rank, timeout=60) for _ in range(count)]
-
-    def recv_error(self, group: str, rank: int) -> str:
-        try:
-            return f"got {self.recv(group, rank, timeout=60)!r}"
-        except hwplace.WorkerError as exc:
-            return f"WorkerError group={exc.group} rank={exc.rank} node={exc.node_rank}: {exc}"
-
-    def die(self) -> None:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-class Taker(hwplace.Worker):
-    def __init__(self, log: hwplace.Channel) -> None:
-        self.log = log
-
-    def record(self, what: str) -> None:
-        self.log.put((what, self.group_name), weight=1, queue_name=f"acc{self.rank}")
-
-    def turns(self, count: int, hold: float) -> int:
-        for _ in range(count):
-            with self.turn(timeout=120):
-                self.record("enter")
-                time.sleep(hold)
-                self.record("leave")
-        return count
-
-    def die_in_turn(self) -> None:
-        with self.turn(timeout=120):
-            self.log.put("holding", weight=1, queue_name="dying")
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def ask_for_turn(self) -> str:
-        with self.turn(timeout=120):
-            return "had a turn"
 
 
 @pytest.fixture(scope="module")
@@ -268,33 +188,6 @@ def test_a_killed_worker_is_a_worker_error_naming_its_node(group: hwplace.Worker
     assert group.execute_on(0).run(0).wait() == [0]  # the other rank lives on
 
 
-def test_cancel_interrupts_async_methods_and_force_ends_plain_ones(cluster: hwplace.Cluster) -> None:
-    started = hwplace.Channel.create("cancel-started")
-    group = Sleeper.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 1]), name="sleepers")
-    try:
-        handle = group.wait_long(started)
-        assert sorted(started.get_batch(2, timeout=60)) == [0, 1]
-        assert handle.cancel() is True
-        with pytest.raises(hwplace.CallCancelled, match=r"group 'sleepers' rank 0 on node 0: wait_long\(\) was "
-                                                        r"cancelled"):
-            handle.wait()
-        assert group.what_was_seen().wait() == [["CancelledError"], ["CancelledError"]]
-        finished = group.quick()
-        assert finished.wait() == [0, 1]
-        assert finished.cancel() is False
-        blocked = group.execute_on(1).block(started)
-        assert started.get(timeout=60) == 1
-        assert blocked.cancel() is False
-        assert not blocked.done()
-        assert blocked.cancel(force=True) is True
-        with pytest.raises(hwplace.WorkerError, match=r"rank 1 on node 1: block\(\) failed: the worker process "
-                                                      r"has died"):
-            blocked.wait()
-    finally:
-        group.shutdown()
-        started.close()
-
-
 def test_channels_carry_items_between_groups_and_large_ones_by_reference(cluster: hwplace.Cluster) -> None:
     producers = Peer.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 1]), name="producers")
     consumers = Peer.create_group().launch(cluster, hwplace.NodePlacementStrategy([1]), name="consumers")
@@ -322,98 +215,11 @@ def test_channels_carry_items_between_groups_and_large_ones_by_reference(cluster
         consumers.shutdown()
 
 
-@pytest.mark.parametrize("nodes", [[0, 0], [1, 1]], ids=["same node", "other node"])
-def test_weight_sync_between_two_groups(cluster: hwplace.Cluster, nodes: list[int]) -> None:
-    torch_module()
-    trainer = Trainer.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="wtrainer")
-    rollout = Rollout.create_group().launch(cluster, hwplace.NodePlacementStrategy(nodes), name="wrollout")
-    try:
-        sync = hwplace.WeightSync.create("policy", source="wtrainer", targets=("wrollout",))
-        assert {t.node for t in sync.plan} == set(nodes)
-        first = rollout.latest(sync, 1)
-        assert trainer.publish(sync, 1).wait() == [1]
-        assert first.wait() == [(1, [1.0])] * 2
-        assert trainer.publish(sync, 2).wait() == [2]
-        assert rollout.latest(sync, 2).wait() == [(2, [2.0])] * 2
-    finally:
-        trainer.shutdown()
-        rollout.shutdown()
-
-
-def test_weight_sync_on_colocated_components(cluster: hwplace.Cluster) -> None:
-    torch_module()
-    plan = hwplace.ComponentPlacement(CONFIG, cluster)
-    trainer = Trainer.create_group().launch(cluster, plan.get_strategy("trainer"), name="trainer")
-    rollout = Rollout.create_group().launch(cluster, plan.get_strategy("rollout"), name="rollout")
-    try:
-        sync = hwplace.WeightSync.create("colocated", source="trainer", targets=("rollout",))
-        assert [(t.rank, t.node) for t in sync.plan] == [(0, 0), (1, 0), (2, 1)]
-        waiting = rollout.latest(sync, 1)
-        assert trainer.publish(sync, 1).wait() == [1]
-        assert waiting.wait() == [(1, [1.0])] * 3
-    finally:
-        trainer.shutdown()
-        rollout.shutdown()
-
-
-def test_messages_between_groups_across_nodes_and_a_dead_peer(cluster: hwplace.Cluster) -> None:
-    torch = torch_module()
-    left = Talker.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 1]), name="talk-left")
-    right = Talker.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 1]), name="talk-right")
-    try:
-        items: list[Any] = [torch.arange(6, dtype=torch.float16).reshape(2, 3), {"step": 3}, None, *range(10)]
-        got = right.execute_on(1).recv_all(len(items), "talk-left", 0)  # node 0 to node 1
-        assert left.execute_on(0).send_all(items, "talk-right", 1).wait() == [len(items)]
-        [received] = got.wait()
-        assert torch.equal(received[0], items[0])
-        assert received[1:] == items[1:]
-        back = left.execute_on(1).recv_all(3, "talk-right", 0)  # and back, node 1 from node 0
-        assert right.execute_on(0).send_all([1, 2, 3], "talk-left", 1).wait() == [3]
-        assert back.wait() == [[1, 2, 3]]
-        waiting = right.execute_on(0).recv_all(1, "talk-left", 0)
-        assert left.execute_on(0).send_all(["hello"], "talk-right", 0).wait() == [1]  # the pair is connected
-        assert waiting.wait() == [["hello"]]
-        waiting = right.execute_on(0).recv_error("talk-left", 0)
-        with pytest.raises(hwplace.WorkerError, match="died"):
-            left.execute_on(0).die().wait()
-        [answer] = waiting.wait()
-        assert answer.startswith("WorkerError group=talk-left rank=0 node=0"), answer
-    finally:
-        left.shutdown()
-        right.shutdown()
-
-
 def drain(log: hwplace.Channel, queue_name: str) -> list[Any]:
     got = []
     while log.qsize(queue_name):
         got.append(log.get_nowait(queue_name))
     return got
-
-
-def test_turns_of_two_groups_sharing_accelerators_never_overlap(cluster: hwplace.Cluster) -> None:
-    log = hwplace.Channel.create("turns-log")
-    plan = hwplace.ComponentPlacement(CONFIG, cluster)
-    groups = [Taker.create_group(log).launch(cluster, plan.get_strategy(name), name=name) for name in ("left", "right")]
-    try:
-        assert cluster.executor().turn_arbiter(groups[0].placements[0]) is not None  # left and right share 5-6
-        handles = [g.turns(5, 0.02) for g in groups]
-        assert [h.wait() for h in handles] == [[5, 5], [5, 5]]
-        for accelerator in ("acc0", "acc1"):
-            events = drain(log, accelerator)
-            assert len(events) == 20
-            pairs = [events[i : i + 2] for i in range(0, len(events), 2)]
-            assert all([e[0] for e in p] == ["enter", "leave"] and p[0][1] == p[1][1] for p in pairs), events
-            assert {p[0][1] for p in pairs} == {"left", "right"}
-        dying = groups[0].execute_on(1).die_in_turn()
-        assert log.get(queue_name="dying", timeout=60) == "holding"
-        with pytest.raises(hwplace.WorkerError, match=r"rank 1 on node 1: die_in_turn\(\) failed: the worker "
-                                                      r"process has died"):
-            dying.wait()
-        assert groups[1].execute_on(1).ask_for_turn().wait() == ["had a turn"]  # the holder's death released it
-    finally:
-        for g in groups:
-            g.shutdown()
-        log.close()
 
 
 def test_the_executor_pickles_into_workers_and_works_there(group: hwplace.WorkerGroup,
