@@ -258,10 +258,11 @@ def _killed_run(gpu: bool, nbytes: int, cap: float) -> dict[str, Any]:
     return found
 
 
-@check("peer_killed", 240, known_defect=True,
+@check("peer_killed", 240,
        issue="26 point 5: a peer SIGKILLed mid-transfer; how long the survivor waits and what it raises")
 def peer_killed(gpu: bool) -> dict[str, Any]:
-    # gloo (the host path, and the CPU stand-in): a dead peer is seen at once or not for a day (its timeout)
+    # gloo (the host path, and the CPU stand-in): the kill lands in the middle of a message, whose receive gloo
+    # never releases; the pair's watcher sees the connection close and fails the pair (GRACE s later)
     details: dict[str, Any] = {"gloo": _killed_run(False, 256 * MiB if gpu else 128 * MiB, 30 if gpu else 20)}
     if gpu:
         details["nccl"] = _killed_run(True, 256 * MiB, 60)

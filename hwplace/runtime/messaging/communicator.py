@@ -84,7 +84,9 @@ def connect(rendezvous: Rendezvous, key: str, members: Sequence[Member], index: 
         store = dist.TCPStore(host, int(port), None, False, timeout=delta)
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
-    options._timeout = datetime.timedelta(days=1)  # no deadline on a message: a dead peer is seen at once
+    # no deadline on a message: a dead peer fails the pending receives at once (the one being read into is
+    # left waiting for this timeout: hwplace.runtime.messaging.pair watches the connection for it)
+    options._timeout = datetime.timedelta(days=1)
     gloo = dist.ProcessGroupGloo(dist.PrefixStore(f"{key}/gloo/", store), index, len(members), options)
     comm = Communicator(tuple(members), index, gloo, (), [store])
     if device_backend == "nccl":

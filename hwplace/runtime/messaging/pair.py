@@ -8,6 +8,14 @@ oldest waiting ``recv`` (or keeps it until one comes), so a ``recv`` can time ou
 ``recv`` cancelled in async code loses nothing either, and a peer that dies fails every waiting ``recv`` at once.
 A message this worker cannot read (an unpickling error) fails the one ``recv`` that takes it.
 
+A peer that dies in the middle of a message: gloo fails every receive posted on a pair whose connection
+closed, except the one it was reading into (gloo's tcp ``Pair::signalException`` fails the buffers of the
+pending operations, not the one in ``rx_``): that wait would last gloo's timeout, and no call (``abort`` of the
+group included) ends it. So a second thread per pair waits on a receive nothing is ever sent to (``WATCH_TAG``,
+0 bytes): it fails the moment the connection closes, and when the receiving thread then still waits for the
+peer ``GRACE`` s later (every other wait ends at once), that thread is stuck in the message being read, and the
+watcher fails the pair. The stuck thread and its buffer stay until gloo's timeout ends the wait.
+
 Tensors on GPUs take the pair's path (:func:`hwplace.planning.sharing.message_path`, decided once both ends
 have said what they hold): device to device over NCCL, or through host memory when both hold one GPU (the
 colocated layout), landing on the receiver's own device (:func:`hwplace.runtime.messaging.devices.own_device`).
@@ -18,9 +26,11 @@ Imports the layers below, :mod:`hwplace.runtime.messaging.communicator` and
 from __future__ import annotations
 
 import asyncio
+import datetime
 import itertools
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,7 +57,9 @@ from hwplace.runtime.messaging.communicator import (
 from hwplace.runtime.messaging.devices import abort, own_device, physical_id, wait_work
 
 FRAME = 4096  # bytes of every message's first part: the header, then the payload when it fits (inline)
-FRAME_TAG, PAYLOAD_TAG = 0, 1
+FRAME_TAG, PAYLOAD_TAG, WATCH_TAG = 0, 1, 2  # nothing is ever sent with WATCH_TAG
+GRACE = 0.5  # seconds the receiving thread may still wait for a peer whose connection closed before it is stuck
+WATCH_LIMIT = datetime.timedelta(days=3650)  # the watching receive's own timeout: it must outlive the pair
 QUEUED = 64  # small (inline) sends a pair keeps in flight before a send waits for the oldest
 RING = 8  # frames a pair's receiving thread keeps a receive posted for
 
@@ -151,6 +163,7 @@ class Pair:
         self.path = HOST  # how device tensors travel, decided on connection
         self.hosted = False  # both ends hold CUDA GPUs: a device tensor sent through the host lands on one
         self.error: BaseException | None = None
+        self.waiting: float | None = None  # since when the receiving thread waits for the peer (None: it does not)
         self.lock = threading.Lock()
         self.send_lock = threading.Lock()
         self.messages: deque[tuple[bool, Any]] = deque()  # (received, the message or the error reading it)
@@ -184,13 +197,16 @@ class Pair:
             comm = self.comm = self._connect(connector)
             self.ready.set()
             other = 1 - self.index
+            watch = comm.gloo.recv([torch.zeros(0, dtype=torch.uint8)], other, WATCH_TAG)
+            threading.Thread(target=self._watch, args=(watch,), daemon=True,
+                             name=f"hwplace-watch-{self.peer.name}-{self.rank}").start()
             frames = [torch.zeros(FRAME, dtype=torch.uint8) for _ in range(RING)]
             views = [frame.numpy() for frame in frames]  # read through numpy: a few us less per message than torch
             # RING receives stay posted, so RING queued sends can leave at once; gloo fills them in posting order
             posted = deque(comm.gloo.recv([frame], other, FRAME_TAG) for frame in frames)
             recycled = Recycled()
             for turn in itertools.count():
-                posted.popleft().wait()
+                self._wait(posted.popleft().wait)
                 raw = views[turn % RING]
                 fields = raw[: HEADER * 8].view(np.int64).tolist()
                 on_device = fields[0] == DEVICE_TENSOR
@@ -203,27 +219,41 @@ class Pair:
                 if on_device:
                     payload = torch.empty(fields[1], dtype=torch.uint8, device=self._device())
                     work = comm.devices[other].recv([payload], other, PAYLOAD_TAG)
-                    wait_work(work, lambda: self._broken(posted), comm.devices)
+                    self._wait(wait_work, work, lambda: self.error, comm.devices)
                 else:
                     payload = recycled.take(fields[1])
-                    comm.gloo.recv([payload], other, PAYLOAD_TAG).wait()
+                    self._wait(comm.gloo.recv([payload], other, PAYLOAD_TAG).wait)
                 self._deliver(fields, payload)
         except BaseException as exc:
             self._fail(exc)
 
+    def _wait(self, wait: Callable[..., Any], *args: Any) -> None:
+        """``wait(*args)`` for the peer, marked as such for the watcher."""
+        self.waiting = time.monotonic()
+        try:
+            wait(*args)
+        finally:
+            self.waiting = None
+
+    def _watch(self, watch: Any) -> None:
+        """Wait until the pair's connection closes (``watch``, a receive nothing is sent to, then fails); fail the
+        pair when the receiving thread is then stuck in a message the peer did not finish (see the module)."""
+        try:
+            watch.wait(WATCH_LIMIT)
+        except Exception as exc:
+            problem = first_line(exc)
+        else:
+            return  # cannot happen: nothing is sent with WATCH_TAG
+        closed = time.monotonic()
+        while self.error is None:
+            since = self.waiting
+            if since is not None and time.monotonic() - max(since, closed) >= GRACE:
+                self._fail(peer_error(self.peer, self.rank, "the connection to it closed in the middle of a "
+                                      f"message; the worker has died or shut down ({problem})"))
+            time.sleep(0.01)
+
     def _device(self) -> str:
         return f"cuda:{own_device(self.placement, self.chosen())}"
-
-    def _broken(self, posted: deque[Any]) -> BaseException | None:
-        """The pair's error, once a frame receive failed (the peer's connection closed) during a device transfer."""
-        for work in list(posted):
-            if work.is_completed():
-                try:
-                    work.wait()
-                except Exception as exc:
-                    return peer_error(self.peer, self.rank, "the connection to it broke during a transfer; the "
-                                      f"worker has died or shut down ({first_line(exc)})")
-        return self.error
 
     def _deliver(self, fields: list[int], payload: Any) -> None:
         try:
@@ -245,6 +275,7 @@ class Pair:
         settle(waiter, entry)
 
     def _fail(self, exc: BaseException) -> None:
+        error: BaseException
         if isinstance(exc, WorkerError):
             error = exc
         elif isinstance(exc, TimeoutError) and not self.ready.is_set():
@@ -254,6 +285,8 @@ class Pair:
             error = peer_error(self.peer, self.rank, "the connection to it broke; the worker has died or shut "
                                f"down ({first_line(exc)})")
         with self.lock:
+            if self.error is not None:  # the first error stands (the watcher's, or the receiving thread's)
+                error = self.error
             self.error = error
             waiters, self.waiters = list(self.waiters), deque()
         self.ready.set()
