@@ -1,17 +1,17 @@
 """Turns on Ray: one arbiter actor per node where groups share an accelerator, found by its workers through a file.
 
 The driver starts a node's arbiter (a :class:`TurnHost`, pinned there) when it launches a group that shares an
-accelerator with a running group on that node; the arbiter lives as long as the driver. It writes its address
-to a file on its node, keyed by the Ray namespace and node id, which the node's workers read when they take a
-turn: a stat while there is no file, nothing once connected.
+accelerator with a running group on that node; the arbiter lives as long as the driver's job. It writes its
+address to a file on its node, in the Ray session's own folder (which goes with the cluster, not left in the
+machine's temp folder), keyed by the job and the node, so only the workers of that job read it (an arbiter of a
+job that ended is never found by the next one) when they take a turn: a stat while there is no file, nothing
+once connected.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import tempfile
 from typing import Any
 
 import ray
@@ -22,10 +22,16 @@ from hwplace.executor import GroupRequest, TurnAddress, TurnServer, shared_accel
 ACTOR_PREFIX = "hwplace.turns."
 
 
-def address_file(namespace: str, node_id: str) -> str:
-    """Where the arbiter of ``node_id`` (in Ray namespace ``namespace``) writes its address, on that node."""
-    space = hashlib.sha256(namespace.encode()).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), "hwplace-turns", f"{space}-{node_id}.json")
+def address_file(session_dir: str, job_id: str, node_id: str) -> str:
+    """Where the arbiter of ``node_id`` for job ``job_id`` writes its address: in the Ray session's folder."""
+    return os.path.join(session_dir, "hwplace-turns", f"{job_id}-{node_id}.json")
+
+
+def _own_address_file(node_id: str) -> str:
+    """The address file of ``node_id``'s arbiter for this process's job, in its Ray session's folder."""
+    context = ray.get_runtime_context()
+    session = os.path.join(context.get_temp_dir(), context.get_session_name())
+    return address_file(session, context.get_job_id(), node_id)
 
 
 class TurnHost:
@@ -35,8 +41,9 @@ class TurnHost:
         self._server = TurnServer()
         self._address: TurnAddress | None = None
 
-    async def start(self, path: str) -> TurnAddress:
+    async def start(self, node_id: str) -> TurnAddress:
         if self._address is None:
+            path = _own_address_file(node_id)  # the actor belongs to the driver's job, as the workers do
             port = await self._server.start("127.0.0.1")
             self._address = TurnAddress("127.0.0.1", port, self._server.token)
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -54,20 +61,19 @@ def start_arbiters(request: GroupRequest, running: dict[str, Any], started: dict
     components[request.name] = [spec.placement for spec in request.workers]
     nodes = {request.workers[rank].node.node_id for (name, rank) in shared_accelerators(components)
              if name == request.name}
-    namespace = ray.get_runtime_context().namespace
     refs = []
     for node_id in sorted(nodes - set(started)):
         actor = host.options(name=ACTOR_PREFIX + node_id, get_if_exists=True,
                              scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
         started[node_id] = actor
-        refs.append(actor.start.remote(address_file(namespace, node_id)))
+        refs.append(actor.start.remote(node_id))
     ray.get(refs)
 
 
 def find_arbiter(node_id: str) -> TurnAddress | None:
     """In a worker: the address its node's arbiter wrote, or ``None`` when there is none."""
     try:
-        with open(address_file(ray.get_runtime_context().namespace, node_id), encoding="utf-8") as found:
+        with open(_own_address_file(node_id), encoding="utf-8") as found:
             data = json.load(found)
     except FileNotFoundError:
         return None
