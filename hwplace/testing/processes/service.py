@@ -10,6 +10,7 @@ connection), a ``("worker", id)`` connection is handed to the driver's handle on
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 from collections.abc import Callable
 from multiprocessing import AuthenticationError
@@ -22,6 +23,12 @@ from hwplace.testing.processes.wire import HOST, Address, dial, dumps, receive, 
 
 Attach = Callable[[Connection], None]
 
+BACKLOG = socket.SOMAXCONN
+"""How many callers may wait to be accepted. The accepting thread authenticates one caller at a time, so a burst
+(a weight sync's source dials once per target link, all at once) waits in this queue; multiprocessing's default
+of 1 dropped the rest, and a caller the kernel had answered with a SYN cookie then waited for its challenge
+forever."""
+
 _local: dict[Address, Hub] = {}  # the hubs this process serves, by address
 _clients: dict[Address, HubClient] = {}
 _clients_lock = threading.Lock()
@@ -33,7 +40,7 @@ class HubService:
     def __init__(self, hub: Hub, authkey: bytes) -> None:
         self.hub = hub
         self._authkey = authkey
-        self._listener = Listener((HOST, 0), authkey=authkey)
+        self._listener = Listener((HOST, 0), backlog=BACKLOG, authkey=authkey)
         self.address: Address = self._listener.address
         self._expected: dict[str, Attach] = {}
         self._lock = threading.Lock()
