@@ -117,9 +117,12 @@ def _problems(found: dict[str, Any]) -> list[str]:
 
 def _verdict(found: dict[str, Any], what: str, gpu: bool) -> dict[str, Any]:
     problems = _problems(found)
-    details = {"peers": found, "transport": "nccl (two ranks on cuda:0)" if gpu else "gloo (CPU stand-in)"}
-    if gpu and any(r.get("ok") and r.get("device_group") is None for r in found.values()):
-        problems.append("the pair has no NCCL group although both placements are on a cuda GPU")
+    paths = sorted({str(r.get("path")) for r in found.values() if r.get("ok")})
+    details = {"peers": found, "transport": f"the pair's path {', '.join(paths)} (two ranks on cuda:0)" if gpu
+               else "gloo (CPU stand-in)"}
+    if gpu and any(r.get("ok") and r.get("path") != "host" for r in found.values()):  # NCCL refuses one GPU twice
+        problems.append(f"the pair took {paths} for two workers on one GPU; NCCL refuses that (Duplicate GPU): "
+                        "it must go through the host")
     errors = [p for p in problems if "still waiting" not in p and "did not answer" not in p]
     if errors:  # an error explains the other side's wait
         duplicate = any("Duplicate GPU" in p for p in problems)
@@ -177,8 +180,8 @@ def nccl_raw_same_gpu(gpu: bool) -> dict[str, Any]:
     return details
 
 
-@check("nccl_pair_same_gpu", 120, issue="26 point 1: hwplace's messaging Pair, two workers on one GPU",
-       known_defect=True)
+@check("nccl_pair_same_gpu", 120, issue="26 point 1: hwplace's messaging Pair, two workers on one GPU (the host "
+       "path, since NCCL refuses one GPU twice)")
 def nccl_pair_same_gpu(gpu: bool) -> dict[str, Any]:
     found = _pair_run(gpu, {"a": 4 * MiB, "b": 0}, {"a": False, "b": True})
     return _verdict(found, "a 4 MiB tensor from a to b", gpu)
@@ -281,8 +284,8 @@ def peer_killed(gpu: bool) -> dict[str, Any]:
     return details
 
 
-@check("nccl_concurrent_large", 120, known_defect=True,
-       issue="26 point 5: two 256 MiB sends crossing at once (send and recv on two threads of one communicator)")
+@check("nccl_concurrent_large", 120,
+       issue="26 point 5: two 256 MiB sends crossing at once between two workers on one GPU")
 def nccl_concurrent_large(gpu: bool) -> dict[str, Any]:
     size = 256 * MiB if gpu else 32 * MiB
     found = _pair_run(gpu, {"a": size, "b": size}, {"a": True, "b": True})
