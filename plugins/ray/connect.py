@@ -52,6 +52,17 @@ def connect(address: str | None) -> ModuleType:
     return ray
 
 
+def connected(what: str) -> ModuleType:
+    """Ray, when this process is still connected to the cluster it discovered; a ``ConfigError`` saying that
+    cluster is gone (``ray.shutdown()``) otherwise, where Ray would say only that it "has not been initialized"."""
+    ray = import_ray()
+    if not ray.is_initialized():
+        raise ConfigError("cluster", f"{what}: the Ray cluster this process was connected to is gone "
+                          "(ray.shutdown() was called)", allowed="connect again first: make a new "
+                          "hwplace.Cluster(cluster_cfg)")
+    return ray
+
+
 def check_same_cluster(ray: ModuleType, address: str | None) -> None:
     """Refuse an ``address`` that is not the cluster this process is connected to (``None`` and ``auto`` accept it)."""
     if address in (None, "auto"):
