@@ -12,7 +12,7 @@ from hwplace.foundation.wording import safe_repr
 
 Kind = Literal["accelerator", "device", "node"]
 KINDS: tuple[Kind, ...] = ("accelerator", "device", "node")
-PLUGIN_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+PLUGIN_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")
 """What a backend's or executor's name may be: 1 to 64 lower-case letters, digits, '.', '_' and '-'."""
 
 

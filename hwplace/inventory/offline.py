@@ -24,7 +24,7 @@ from hwplace.plugin.session import get_plugin_manager
 
 MAX_PLANNED_ACCELERATORS = 4_000_000  # over the whole offline cluster: bounds memory, far beyond any cluster
 MAX_NODES_ITEMS = 10_000
-_NODES_ITEM = re.compile(r"^(?:([0-9]{1,7})x)?([0-9]{1,7})(?::([a-z0-9][a-z0-9._-]{0,63}))?$")
+_NODES_ITEM = re.compile(r"^(?:([0-9]{1,7})x)?([0-9]{1,7})(?::([a-z0-9][a-z0-9._-]{0,63}))?\Z")
 
 
 def accelerator_counts(value: Any, num_nodes: int | None, config_nodes: int | None) -> list[int]:

@@ -167,6 +167,12 @@ def test_nodes_inventory(spec, counts, types) -> None:
     assert parse_nodes(spec) == (counts, types)
 
 
+@pytest.mark.parametrize("spec", ["4x8\n", "4x8:cuda\n"])
+def test_a_nodes_item_with_a_final_newline_is_refused(spec) -> None:  # a "$" matched before it
+    with pytest.raises(hwplace.ConfigError, match=r"^--nodes: "):
+        parse_nodes(spec)
+
+
 def test_nodes_inventory_of_another_accelerator_type_uses_its_backend(tmp_path) -> None:
     config = write(tmp_path, """
         cluster:
