@@ -104,7 +104,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                               allowed="4x8 or 8,8,4 without a :type; plan other types with hwplace plan --nodes")
     try:
         result = run_job(config, accelerators_per_node=counts, out=out,
-                         base=os.path.dirname(os.path.abspath(args.config)))
+                         base=os.path.dirname(os.path.abspath(args.config)), job_name=_stem(args.config))
     except ConfigError as exc:  # the simulated cluster's shape is the option's mistake: name the option
         if exc.path != "accelerators_per_node":
             raise
@@ -116,6 +116,11 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             json.dump(result, file, indent=2, default=_jsonable)
             file.write("\n")
     return 0
+
+
+def _stem(path: str) -> str:
+    """A config file's name without its suffix: ``grpo.yaml`` names job ``grpo``."""
+    return os.path.splitext(os.path.basename(path))[0] or path
 
 
 def _jsonable(value: Any) -> Any:
