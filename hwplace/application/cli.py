@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from hwplace.application.job import run_job
 from hwplace.application.report import plan_json, print_plan, print_sync_plans, sync_plans, sync_plans_json, table
 from hwplace.application.status import print_status
+from hwplace.application.summary import result_line, summary_data
 from hwplace.config.job_config import parse_job_config
 from hwplace.config.loading import apply_overrides, load_config
 from hwplace.contracts.capabilities import Leases, require
@@ -111,29 +112,19 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         wanted = exc.allowed.split()[2] if exc.allowed else "N"  # "at least N nodes"
         raise ConfigError("--nodes", exc.problem, value=args.nodes,
                           allowed=f"{exc.allowed}, such as --nodes {wanted}x4") from None
+    out.write(result_line(result))
     if args.summary is not None:
+        data = summary_data(result)  # refused before the file is written
         with open(args.summary, "w", encoding="utf-8") as file:
-            json.dump(result, file, indent=2, default=_jsonable)
+            json.dump(data, file, indent=2, allow_nan=False)
             file.write("\n")
+        out.write(f"summary: {args.summary}\n")
     return 0
 
 
 def _stem(path: str) -> str:
     """A config file's name without its suffix: ``grpo.yaml`` names job ``grpo``."""
     return os.path.splitext(os.path.basename(path))[0] or path
-
-
-def _jsonable(value: Any) -> Any:
-    """What ``--summary`` writes for a value JSON has no type for: records as mappings, sets as sorted lists,
-    scalars of numpy or torch as numbers, anything else as its repr."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, set | frozenset):
-        return sorted(value, key=repr)
-    item = getattr(value, "item", None)
-    if callable(item) and getattr(value, "ndim", None) == 0:
-        return item()
-    return safe_repr(value)
 
 
 def _node_rank(args: argparse.Namespace, num_nodes: int) -> int:

@@ -33,6 +33,10 @@ from pathlib import Path
 def main(job):
     Path(__file__).with_name("called").touch()
     return sorted({j["name"] for j in job.cluster.executor().cluster_status(None)["jobs"]})
+
+
+def unwritable(job):
+    return {"steps": 3, "stats": [1.5, object()]}
 """
 
 
@@ -87,3 +91,16 @@ def test_every_device_of_the_plan_is_leased_before_any_group_launches(tmp_path: 
                           "fake-accelerator 2 (uuid="), err
     assert "is held by job 'other-job'" in err
     assert not (tmp_path / "called").exists()  # refused before the entry point ran (and launched 'first')
+
+
+def test_the_result_is_printed_and_a_summary_refuses_what_json_cannot_hold(tmp_path: Path) -> None:
+    config = job_files(tmp_path, "results.yaml")
+    summary = tmp_path / "summary.json"
+    with process_cluster(1, 4):
+        code, out, _ = run(str(config))  # the result used to be dropped without --summary
+        assert (code, out.splitlines()[-1]) == (0, "result: ['results']")
+        code, out, err = run(str(config), "job.entrypoint=entry.py:unwritable", "--summary", str(summary))
+    assert out.splitlines()[-1].startswith("result: {'stats': [1.5, <object object at 0x")
+    assert code == 2  # it was written as "<object object at 0x...>", with exit 0
+    assert err.startswith("hwplace: error: --summary: result['stats'][1] is an object (<object object at 0x"), err
+    assert not summary.exists()
