@@ -8,11 +8,14 @@ layers below and the other modules of :mod:`hwplace.application`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 from hwplace.application.job import run_job
@@ -36,6 +39,30 @@ from hwplace.plugin.session import get_plugin_manager
 
 EXIT_ERROR = 2
 EXIT_FAILED = 1  # the job ran and failed: a worker raised or died
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT
+EXIT_TERMINATED = 143  # SIGTERM: 128 + SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM reached the command: raised where it runs, so the job's groups are shut down on the way out."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_ends_the_command() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in the block (the main thread only), as Ctrl-C raises KeyboardInterrupt;
+    the executor keeps it (the Ray executor puts back the handler ``ray.init`` replaces)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _show_error(error: HwplaceError, err: TextIO) -> None:
@@ -265,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run the command line; returns the exit code: 2 for a configuration, placement or plugin error, 1 for a
-    job that failed (a worker raised or died)."""
+    job that failed (a worker raised or died), 130 when interrupted (Ctrl-C) and 143 when terminated (SIGTERM)."""
     out, err = out or sys.stdout, err or sys.stderr
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -274,7 +301,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        code: int = args.run(args, out, err)
+        with _sigterm_ends_the_command():
+            code: int = args.run(args, out, err)
     except (ConfigError, PlacementError, PluginError) as error:
         _show_error(error, err)
         return EXIT_ERROR
@@ -283,7 +311,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         return EXIT_FAILED
     except KeyboardInterrupt:
         err.write("hwplace: interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
+    except Terminated:
+        err.write("hwplace: terminated (SIGTERM)\n")
+        return EXIT_TERMINATED
     except BrokenPipeError:  # the reader went away (`hwplace plan ... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

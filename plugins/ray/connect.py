@@ -6,8 +6,12 @@ Ray is imported when a function is called, never at import.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from hwplace import ConfigError
@@ -15,6 +19,7 @@ from hwplace import ConfigError
 if TYPE_CHECKING:
     from types import ModuleType
 
+NO_FAILURE_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
 CONNECT_TIMEOUT = 5.0  # seconds to reach a host:port address before Ray's own, much longer, retries
 
 
@@ -43,13 +48,42 @@ def connect(address: str | None) -> ModuleType:
         check_reachable(target)
         check_authenticated(target)
     try:
-        ray.init(address=address, log_to_driver=True)
+        with own_sigterm(driver=True):
+            ray.init(address=address, log_to_driver=True)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
         raise ConfigError("cluster.address", f"cannot connect to {where}: {exc}",
                           allowed="'auto' (a running cluster), 'local' (a new one on this machine), "
                           "'host:port' or 'ray://host:port'; leave it out to use a running Ray or start one") from None
     return ray
+
+
+@contextlib.contextmanager
+def own_sigterm(driver: bool = False) -> Iterator[None]:
+    """Keep the program's own SIGTERM handler (``hwplace run``'s: exit 143 with one line, the job's groups shut
+    down) through the block, where it has one: ``ray.init`` replaces it with one that exits mid-call, a node
+    started in this process with one that drains it for 30 s. With ``driver`` (around ``ray.init``), the
+    driver's core worker is also started without the failure handler that prints a native stack dump on
+    SIGTERM. A program without a handler of its own gets Ray's."""
+    own = None
+    if threading.current_thread() is threading.main_thread():
+        own = signal.getsignal(signal.SIGTERM)
+        if own in (signal.SIG_DFL, signal.SIG_IGN, None):
+            own = None
+    if own is None:
+        yield
+        return
+    before = os.environ.get(NO_FAILURE_HANDLER)
+    if driver:  # read by the driver's core worker as ray.init starts it; no node is started meanwhile
+        os.environ[NO_FAILURE_HANDLER] = "1"
+    try:
+        yield
+    finally:
+        if driver and before is None:
+            os.environ.pop(NO_FAILURE_HANDLER, None)
+        elif driver and before is not None:
+            os.environ[NO_FAILURE_HANDLER] = before
+        signal.signal(signal.SIGTERM, own)
 
 
 def connected(what: str) -> ModuleType:

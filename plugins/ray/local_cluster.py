@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hwplace import ConfigError
+from hwplace_plugins.ray.connect import own_sigterm
 
 OBJECT_STORE_BYTES = 2**30  # each node's object store in a local cluster; Ray takes the memory as it is used
 
@@ -58,7 +59,8 @@ def local_ray_cluster(node_envs: Sequence[Mapping[str, str]], *, cpus_per_node: 
     with _private_ray_folder() as folder:
         # Ray records the latest cluster started on a machine (``ray_current_cluster`` in its temp folder),
         # where another process's ray.init() looks: this one is recorded in its own folder, found by nobody.
-        with _environment(RAY_TMPDIR=folder):
+        # A node started here takes SIGTERM for itself: the program keeps its own handler (own_sigterm).
+        with _environment(RAY_TMPDIR=folder), own_sigterm():
             cluster = RayCluster(initialize_head=False)
             try:
                 cluster.add_node(**node_args(0))
@@ -66,10 +68,12 @@ def local_ray_cluster(node_envs: Sequence[Mapping[str, str]], *, cpus_per_node: 
                 cluster.shutdown()  # type: ignore[no-untyped-call]
                 raise
         try:
-            for rank in range(1, len(node_envs)):
-                _add_worker_node(cluster, node_args(rank))
-            cluster.wait_for_nodes()
-            ray.init(address=cluster.address)
+            with own_sigterm():
+                for rank in range(1, len(node_envs)):
+                    _add_worker_node(cluster, node_args(rank))
+                cluster.wait_for_nodes()
+            with own_sigterm(driver=True):
+                ray.init(address=cluster.address)
             try:
                 yield str(cluster.address)
             finally:
