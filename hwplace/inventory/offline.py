@@ -12,7 +12,7 @@ from typing import Any
 
 from hwplace.config.checks import MAX_NODES
 from hwplace.config.section import parse_cluster_config
-from hwplace.contracts.hardware import Device
+from hwplace.contracts.hardware import BACKEND_ALIASES, Device
 from hwplace.contracts.records import Node
 from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.settings import FAKE_ACCELERATOR
@@ -65,7 +65,8 @@ def _types(value: Any, counts: list[int], manager: PluginManager) -> list[str]:
         if count and name not in accelerators:
             raise ConfigError("accelerator_type", f"{safe_repr(name)} is not a registered accelerator backend",
                               allowed=f"registered: {', '.join(accelerators) or 'none'}"
-                                      f"{did_you_mean(str(name), accelerators)}{failures_note(manager)}")
+                                      f"{did_you_mean(str(name), accelerators, BACKEND_ALIASES)}"
+                                      f"{failures_note(manager)}")
     return types
 
 

@@ -200,6 +200,21 @@ def test_nodes_inventory_of_an_unknown_type_names_the_registered_ones() -> None:
                           "registered: cuda, fake-accelerator, npu; did you mean 'fake-accelerator'?")
 
 
+@pytest.mark.parametrize(("name", "meant"), [("gpu", "cuda"), ("nvidia", "cuda"), ("ascend", "npu")])
+def test_nodes_of_a_common_alias_suggest_its_backend(name: str, meant: str) -> None:
+    code, _, err = run("plan", str(QUICKSTART), "--nodes", f"1x4:{name}")  # 'gpu' suggested 'npu'
+    assert code == 2
+    assert err.startswith(f"hwplace: error: --nodes: {name!r} is not a registered accelerator backend; "
+                          f"registered: cuda, fake-accelerator, npu; did you mean {meant!r}?")
+
+
+def test_a_hardware_type_of_a_common_alias_suggests_its_backend() -> None:
+    with pytest.raises(hwplace.ConfigError, match=r"^cluster\.node_groups\[0\]\.hardware\.type: no hardware "
+                                                  r"backend is named 'gpu'; .*did you mean 'cuda'\?"):
+        hwplace.parse_job_config({"cluster": {"num_nodes": 1, "node_groups": [{"label": "g", "node_ranks": 0,
+                                                                               "hardware": {"type": "gpu"}}]}})
+
+
 @pytest.mark.parametrize("spec", ["1000000000x1", "100001x1", "99999x1,2x1", "1x99999999", "1x8:Bad Type",
                                   ",".join(["1"] * 10_001)])
 def test_absurd_nodes_inventory_is_refused_at_once(spec) -> None:
