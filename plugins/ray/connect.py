@@ -44,6 +44,8 @@ def connect(address: str | None) -> ModuleType:
         check_same_cluster(ray, address)
         return ray
     target = address or os.environ.get("RAY_ADDRESS") or None
+    if target and target != "local":  # an existing cluster (a new one makes its own token)
+        check_token()
     if target and target not in ("auto", "local") and "://" not in target:
         check_reachable(target)
         check_authenticated(target)
@@ -120,6 +122,40 @@ def _resolved(address: str) -> tuple[str, str]:
 
 TOKEN_HELP = ("set RAY_AUTH_MODE=token and give this process the cluster's token: RAY_AUTH_TOKEN=$(ray "
               "get-auth-token) where the head node runs, or its ~/.ray/auth_token copied here (or RAY_AUTH_TOKEN_PATH)")
+
+
+def token_problem() -> str | None:
+    """Why this process has no token for Ray's token authentication (``RAY_AUTH_MODE=token``), or ``None``.
+
+    Ray 2.60 takes the token from ``RAY_AUTH_TOKEN``, else from the file ``RAY_AUTH_TOKEN_PATH`` names, else
+    from ``~/.ray/auth_token``."""
+    if os.environ.get("RAY_AUTH_MODE", "").strip().lower() != "token" or os.environ.get("RAY_AUTH_TOKEN", "").strip():
+        return None
+    named = os.environ.get("RAY_AUTH_TOKEN_PATH", "").strip()
+    path = os.path.expanduser(named) if named else os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            if file.read(4096).strip():
+                return None
+        found = f"{path} is empty"
+    except FileNotFoundError:
+        found = f"there is no {path}"
+    except OSError as exc:
+        found = f"{path} cannot be read ({exc.strerror or exc})"
+    if named:
+        return f"RAY_AUTH_TOKEN is not set, and RAY_AUTH_TOKEN_PATH names a file, but {found}"
+    return f"RAY_AUTH_TOKEN and RAY_AUTH_TOKEN_PATH are not set, and {found}"
+
+
+def check_token() -> None:
+    """Fail at once when ``RAY_AUTH_MODE=token`` and this process has no token: Ray fails deep inside instead
+    (a native "you have likely discovered a bug in Ray" report, or a head that never starts)."""
+    problem = token_problem()
+    if problem is not None:
+        raise ConfigError("RAY_AUTH_MODE", f"is 'token' (Ray's token authentication), but this process has no "
+                          f"token: {problem}", allowed="give it the cluster's token: RAY_AUTH_TOKEN=$(ray "
+                          "get-auth-token) where the head node runs, or that node's ~/.ray/auth_token copied here (or "
+                          "named by RAY_AUTH_TOKEN_PATH); or unset RAY_AUTH_MODE where no cluster needs one")
 
 
 def check_authenticated(address: str) -> None:

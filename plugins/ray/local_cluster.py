@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hwplace import ConfigError
-from hwplace_plugins.ray.connect import own_sigterm
+from hwplace_plugins.ray.connect import check_token, own_sigterm
 
 OBJECT_STORE_BYTES = 2**30  # each node's object store in a local cluster; Ray takes the memory as it is used
 
@@ -49,6 +49,7 @@ def local_ray_cluster(node_envs: Sequence[Mapping[str, str]], *, cpus_per_node: 
     if ray.is_initialized():
         raise ConfigError("local_ray_cluster", "this process is already connected to Ray",
                           allowed="call ray.shutdown() first, or use that cluster")
+    check_token()  # its head would stop on a failed check inside Ray, and the start time out
     paths = _driver_paths()
 
     def node_args(rank: int) -> dict[str, Any]:
