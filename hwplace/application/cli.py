@@ -163,6 +163,10 @@ def _node_rank(args: argparse.Namespace, num_nodes: int) -> int:
     return int(raw)
 
 
+STATUS_ADDRESSES = ("the address of a running cluster's head, host:port (`ray start --head` prints it), in "
+                    "--address or RAY_ADDRESS; without either, status asks the cluster `ray start` made on this "
+                    "machine. hwplace status never starts a cluster")
+
 IDENTITY_KEYS = ("uuid", "physical_id", "port", "url", "name", "hostname")
 """Device properties that say which device it is, shown first by ``hwplace hardware``."""
 
@@ -174,9 +178,12 @@ def _device_row(device: Device) -> list[str]:
     return [str(device.index), device.model, health, " ".join(identity) or "-", " ".join(details)]
 
 
-def _why_none(manager: PluginManager, name: str, declared: Mapping[str, Any]) -> str | None:
+def _why_none(manager: PluginManager, name: str, declared: Mapping[str, Any], args: argparse.Namespace,
+              node_rank: int) -> str | None:
     """The reason a backend gave for finding nothing here (``NoDevices``), from the cached detection."""
     if manager.backends()[name].kind == "device" and name not in declared:
+        if args.config is not None:
+            return f"{args.config} declares no {name} devices for node {node_rank} (hardware.configs)"
         return "its devices are declared in a config's hardware.configs: add --config job.yaml"
     return manager.detect(name, declared.get(name, ())).absent
 
@@ -197,7 +204,7 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     backends = manager.backends()
     executors = manager.executors()
     absent = {name: why for name in backends if not found.get(name) and name not in problems
-              and (why := _why_none(manager, name, declared))}
+              and (why := _why_none(manager, name, declared, args, node_rank))}
     notes = []
     if args.config is not None:
         notes.append(f"devices {args.config} declares for node {node_rank} were detected here"
@@ -244,7 +251,14 @@ def _status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except PluginError as exc:
         raise ConfigError("--executor", str(exc), allowed=", ".join(manager.executors()) or "none installed") from None
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # a running cluster, never a new one
-    state = require(executor, Leases, "hwplace status").cluster_status(address)
+    try:
+        state = require(executor, Leases, "hwplace status").cluster_status(address)
+    except ConfigError as exc:  # worded for a job's config (cluster.address, an embedded Ray): say it for status
+        if exc.path not in ("cluster.address", "address"):
+            raise
+        where = "--address" if args.address else ("RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "--address")
+        raise ConfigError(where, exc.problem.replace("cluster.address", "--address"), allowed=STATUS_ADDRESSES) \
+            from None
     if args.json:
         json.dump(state, out, indent=2, default=safe_repr)
         out.write("\n")

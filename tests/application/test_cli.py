@@ -246,6 +246,16 @@ def test_hardware_lists_backends_with_their_distribution(monkeypatch, fresh_mana
     assert "hwplace fake accelerator" in out
 
 
+def test_hardware_with_a_config_says_what_it_declares_not_to_add_it(fresh_manager) -> None:
+    fresh_manager()
+    code, out, _ = run("hardware", "--config", str(QUICKSTART), "--node-rank", "0")
+    assert code == 0
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
+    assert " ".join(rows["serial-robot"][4:]) == f"0: {QUICKSTART} declares no serial-robot devices for node 0 " \
+        "(hardware.configs)"  # it said "add --config job.yaml" to a command given one
+    assert "add --config" not in out
+
+
 def test_hardware_json_detects_the_devices_a_config_declares() -> None:
     code, out, _ = run("hardware", "--json", "--config", str(QUICKSTART), "--node-rank", "1")
     assert code == 0

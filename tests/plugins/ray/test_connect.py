@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import pytest
 from drivers import run_driver
 
 import hwplace
+from hwplace.application.cli import main
 from hwplace_plugins.ray.connect import check_reachable
 from hwplace_plugins.ray.pytest_plugin import LocalRay
 
@@ -131,3 +133,15 @@ def test_token_mode_without_a_token_is_refused_before_ray_starts(tmp_path: Path,
     assert re.fullmatch(r"hwplace: error: RAY_AUTH_MODE: is 'token' \(Ray's token authentication\), but this "
                         rf"process has no token: {found}; give it the cluster's token: .*\n", done.stderr), done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_status_errors_name_its_own_option_and_never_an_embedded_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+    err = io.StringIO()
+    assert main(["status", "--address", f"127.0.0.1:{port}"], io.StringIO(), err) == 2
+    assert err.getvalue().startswith(f"hwplace: error: --address: nothing answers at 127.0.0.1:{port} ("), err
+    assert "hwplace status never starts a cluster" in err.getvalue()
+    assert "cluster.address" not in err.getvalue()
+    assert "embedded" not in err.getvalue()
