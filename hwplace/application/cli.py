@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 from hwplace.application.job import run_job
+from hwplace.application.notes import print_notes
 from hwplace.application.report import plan_json, print_plan, print_sync_plans, sync_plans, sync_plans_json, table
 from hwplace.application.status import print_status
 from hwplace.application.summary import result_line, summary_data
@@ -114,6 +115,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         print_plan(plan, out)
         print_sync_plans(syncs, out)
+        print_notes(plan, out)
     return 0
 
 

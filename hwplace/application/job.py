@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TextIO, TypeVar
 
+from hwplace.application.notes import print_notes
 from hwplace.application.report import print_cluster, print_plan, print_sync_plans, sync_plans
 from hwplace.config.job_config import JobConfig, parse_job_config
 from hwplace.contracts.capabilities import Leases
@@ -263,6 +264,7 @@ def run_job(
         syncs = sync_plans(job_config.weight_sync, placement)
         print_plan(placement, out or sys.stdout)
         print_sync_plans(syncs, out or sys.stdout)
+        print_notes(placement, out or sys.stdout)
         with leased_plan(cluster, placement):
             job = Job(job_config, cluster, placement)
             try:

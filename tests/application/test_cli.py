@@ -456,3 +456,17 @@ def test_plan_parses_the_file_once_and_plans_as_component_placement_does_from_th
     plan = hwplace.ComponentPlacement(job, hwplace.testing.fake_cluster(job.cluster, accelerators_per_node=4))
     expected = {**plan_json(plan), "weight_sync": sync_plans_json(sync_plans(job.weight_sync, plan))}
     assert json.loads(out) == json.loads(json.dumps(expected, default=safe_repr))
+
+
+def test_plan_says_that_npu_tensors_travel_over_gloo_not_hccl(tmp_path) -> None:
+    config = tmp_path / "npu.yaml"
+    config.write_text("cluster:\n  num_nodes: 1\n  component_placement: {rollout: 0-3, trainer: 4-7}\n")
+    code, out, _ = run("plan", str(config), "--nodes", "1x8:npu")  # it fell back to gloo without a word
+    assert code == 0
+    assert out.splitlines()[-1] == ("note: rollout, trainer on npu: the npu backend's collective backend is 'hccl', "
+                                    "which hwplace does not run (torch_npu is not installed here either): tensors "
+                                    "these workers send each other (messaging, weight sync) travel through host "
+                                    "memory, over gloo")
+    code, out, _ = run("plan", str(config), "--nodes", "1x8:cuda")  # nccl runs: nothing to say
+    assert code == 0
+    assert "note:" not in out
