@@ -28,7 +28,7 @@ from hwplace.config.loading import apply_overrides, load_config
 from hwplace.contracts.capabilities import Leases, require
 from hwplace.contracts.hardware import Device
 from hwplace.foundation.errors import ConfigError, HwplaceError, PlacementError, PluginError
-from hwplace.foundation.settings import FAKE_ACCELERATOR, NODE_RANK, read_node_rank
+from hwplace.foundation.settings import FAKE_ACCELERATOR, NODE_RANK, QUIET_WORKERS, read_node_rank
 from hwplace.foundation.version import __version__
 from hwplace.foundation.wording import ranks_text, safe_repr
 from hwplace.inventory.cluster import Cluster
@@ -133,8 +133,9 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             raise ConfigError("--nodes", "a simulated cluster has fake accelerators only", value=args.nodes,
                               allowed="4x8 or 8,8,4 without a :type; plan other types with hwplace plan --nodes")
     try:
-        result = run_job(config, accelerators_per_node=counts, out=out,
-                         base=os.path.dirname(os.path.abspath(args.config)), job_name=_stem(args.config))
+        with _worker_output(args.worker_output):
+            result = run_job(config, accelerators_per_node=counts, out=out,
+                             base=os.path.dirname(os.path.abspath(args.config)), job_name=_stem(args.config))
     except ConfigError as exc:  # the simulated cluster's shape is the option's mistake: name the option
         if exc.path != "accelerators_per_node":
             raise
@@ -149,6 +150,21 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             file.write("\n")
         out.write(f"summary: {args.summary}\n")
     return 0
+
+
+@contextlib.contextmanager
+def _worker_output(shown: bool) -> Iterator[None]:
+    """Keep the terminal to hwplace's output for the block (``HWPLACE_QUIET_WORKERS``): workers' output and the
+    executor's log lines go to its logs, unless ``shown`` (``--worker-output``) or the variable says otherwise."""
+    before = os.environ.get(QUIET_WORKERS)
+    os.environ[QUIET_WORKERS] = "0" if shown else (before if before is not None else "1")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(QUIET_WORKERS, None)
+        else:
+            os.environ[QUIET_WORKERS] = before
 
 
 def _stem(path: str) -> str:
@@ -288,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--nodes", help="run on a throwaway local Ray cluster of this shape, with fake accelerators: "
                      "1x4 (one node of 4), 2x4, or 4,2")
     run.add_argument("--summary", metavar="FILE", help="write what the job's entry point returns to FILE, as JSON")
+    run.add_argument("--worker-output", action="store_true", help="show the workers' output and the executor's "
+                     "log lines (Ray's) here; by default they stay in the executor's logs, which the run names")
     run.set_defaults(run=_run)
     hardware = commands.add_parser("hardware", help="list the registered backends and what they detect here")
     hardware.add_argument("--config", help="also detect the devices this config declares for this node")

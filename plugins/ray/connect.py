@@ -7,14 +7,17 @@ Ray is imported when a function is called, never at import.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from hwplace import ConfigError
+from hwplace.executor import quiet_workers
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -50,14 +53,33 @@ def connect(address: str | None) -> ModuleType:
         check_reachable(target)
         check_authenticated(target)
     try:
-        with own_sigterm(driver=True):
-            ray.init(address=address, log_to_driver=True)
+        init(ray, address=address)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
         raise ConfigError("cluster.address", f"cannot connect to {where}: {exc}",
                           allowed="'auto' (a running cluster), 'local' (a new one on this machine), "
                           "'host:port' or 'ray://host:port'; leave it out to use a running Ray or start one") from None
     return ray
+
+
+def init(ray: ModuleType, **options: object) -> None:
+    """``ray.init(**options)`` as hwplace starts its driver: keeping the program's SIGTERM handler, and with
+    :func:`hwplace.executor.quiet_workers` (``hwplace run``), workers' output and Ray's own log lines (the
+    raylet's warnings) kept off the terminal, in Ray's logs, which one line on stderr names."""
+    quiet = quiet_workers()
+    with own_sigterm(driver=True):
+        ray.init(**options, log_to_driver=not quiet, logging_level=logging.WARNING if quiet else logging.INFO)
+    if quiet:
+        sys.stderr.write(f"hwplace: workers' output and Ray's log lines are not shown here: see {logs_folder(ray)} "
+                         "(hwplace run --worker-output shows them)\n")
+
+
+def logs_folder(ray: ModuleType) -> str:
+    """Where Ray writes this node's logs (workers' output included): the session's ``logs`` folder."""
+    try:
+        return str(ray._private.worker.global_worker.node.get_logs_dir_path())
+    except Exception:  # Ray's internals moved: say where they are by default
+        return "Ray's session folder on each node (/tmp/ray/session_latest/logs)"
 
 
 @contextlib.contextmanager

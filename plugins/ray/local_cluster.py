@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hwplace import ConfigError
-from hwplace_plugins.ray.connect import check_token, own_sigterm
+from hwplace_plugins.ray.connect import check_token, init, own_sigterm
 
 OBJECT_STORE_BYTES = 2**30  # each node's object store in a local cluster; Ray takes the memory as it is used
 
@@ -73,8 +73,7 @@ def local_ray_cluster(node_envs: Sequence[Mapping[str, str]], *, cpus_per_node: 
                 for rank in range(1, len(node_envs)):
                     _add_worker_node(cluster, node_args(rank))
                 cluster.wait_for_nodes()
-            with own_sigterm(driver=True):
-                ray.init(address=cluster.address)
+            init(ray, address=cluster.address)
             try:
                 yield str(cluster.address)
             finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,3 +108,35 @@ def test_sigterm_ends_a_run_with_exit_143_and_one_line(tmp_path: Path) -> None:
     assert (run.returncode, err.splitlines()[-1]) == (143, "hwplace: terminated (SIGTERM)"), err[-3000:]
     assert "SIGTERM received" not in err
     assert "a: 1 process on group cluster" in out
+
+
+TALKER = """
+import hwplace
+
+
+class Talker(hwplace.Worker):
+    def talk(self):
+        print("from the worker", flush=True)
+        return self.rank
+
+
+def main(job):
+    return job.launch(Talker, "a").talk().wait(timeout=120)
+"""
+
+
+@pytest.mark.time_limit(300)
+def test_the_terminal_shows_hwplace_s_output_and_names_where_ray_s_logs_are(tmp_path: Path) -> None:
+    (tmp_path / "talker.py").write_text(TALKER)
+    (tmp_path / "job.yaml").write_text("job: {entrypoint: talker.py:main}\n"
+                                       "cluster: {num_nodes: 1, component_placement: {a: 0}}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR", "HWPLACE_QUIET_WORKERS")}
+    done = subprocess.run([sys.executable, "-m", "hwplace", "run", str(tmp_path / "job.yaml"), "--nodes", "1x1"],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "result: [0]"
+    # Ray's lines (its INFO lines, a worker's print, the raylet's warnings) came between the plan and the result
+    assert "from the worker" not in done.stdout + done.stderr
+    assert "INFO" not in done.stderr
+    assert re.fullmatch(r"hwplace: workers' output and Ray's log lines are not shown here: see \S+/logs \(hwplace "
+                        r"run --worker-output shows them\)\n", done.stderr), done.stderr
