@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import shutil
@@ -16,7 +15,6 @@ import pytest
 from drivers import run_driver
 
 import hwplace
-from hwplace.application.cli import main
 from hwplace_plugins.ray.connect import check_reachable
 from hwplace_plugins.ray.pytest_plugin import LocalRay
 
@@ -135,13 +133,14 @@ def test_token_mode_without_a_token_is_refused_before_ray_starts(tmp_path: Path,
     assert "Traceback" not in done.stderr
 
 
-def test_status_errors_name_its_own_option_and_never_an_embedded_ray(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+def test_status_errors_name_its_own_option_and_never_an_embedded_ray() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-    err = io.StringIO()
-    assert main(["status", "--address", f"127.0.0.1:{port}"], io.StringIO(), err) == 2
-    assert err.getvalue().startswith(f"hwplace: error: --address: nothing answers at 127.0.0.1:{port} ("), err
-    assert "hwplace status never starts a cluster" in err.getvalue()
-    assert "cluster.address" not in err.getvalue()
-    assert "embedded" not in err.getvalue()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a fresh process: connected to no Ray
+    done = subprocess.run([sys.executable, "-m", "hwplace", "status", "--address", f"127.0.0.1:{port}"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"hwplace: error: --address: nothing answers at 127.0.0.1:{port} ("), done.stderr
+    assert "hwplace status never starts a cluster" in done.stderr
+    assert "cluster.address" not in done.stderr  # a job config's words
+    assert "embedded" not in done.stderr
