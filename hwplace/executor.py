@@ -4,10 +4,11 @@ Subclass :class:`Executor` (and :class:`GroupRuntime`, :class:`Handle`) for the 
 the capabilities it offers besides (:class:`ChannelHosting` with an :class:`ObjectStore`, :class:`Rendezvous`,
 :class:`Leases`, :class:`TurnArbitration`, :class:`LocalClusters`); on each node run :func:`detect_here`; in each
 worker process host the worker with :func:`start_worker` and :func:`run_method` / :func:`run_method_async`;
-serve a channel with :class:`ChannelServer` and turns with :class:`TurnServer`. The process's state is its
-:class:`Session` (:func:`session`; tests swap it with :func:`swapped_session`). The contracts themselves are
-:mod:`hwplace.contracts.executor` and :mod:`hwplace.contracts.capabilities`. No module of hwplace imports this
-one.
+serve a channel with :class:`ChannelServer` and turns with :class:`TurnServer`; check a ``Handle.wait``'s
+timeout with :func:`wait_timeout`; :func:`quiet_workers` says whether to keep workers' output off the
+terminal. The process's state is its :class:`Session` (:func:`session`; tests swap it with
+:func:`swapped_session`). The contracts themselves are :mod:`hwplace.contracts.executor` and
+:mod:`hwplace.contracts.capabilities`. No module of hwplace imports this one.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from hwplace.contracts.executor import (
 )
 from hwplace.contracts.records import WorkerContext
 from hwplace.contracts.registry import DeviceLease, GroupRecord, LeaseConflict, WorkerRecord
+from hwplace.foundation.settings import read_quiet_workers as quiet_workers
+from hwplace.foundation.timeouts import wait_timeout
 from hwplace.inventory.detection import detect_here
 from hwplace.inventory.leases import LeaseBook
 from hwplace.planning.sharing import Share, shared_accelerators
@@ -85,6 +88,7 @@ __all__ = [
     "current_executor",
     "detect_here",
     "detect_timeout",
+    "quiet_workers",
     "require",
     "run_method",
     "run_method_async",
@@ -92,4 +96,5 @@ __all__ = [
     "shared_accelerators",
     "start_worker",
     "swapped_session",
+    "wait_timeout",
 ]

@@ -191,3 +191,15 @@ def test_each_room_of_the_runtime_imports_only_what_its_docstring_allows(room: s
 
     found = {i.target for i in IMPORTS if i.source.startswith(room + ".") and other_runtime(i.target)}
     assert found <= ROOMS[room]
+
+
+def test_no_pattern_ends_with_a_dollar() -> None:
+    # "$" also matches before a final newline: "gpu\n" passed as a label. Patterns end with "\Z" (or fullmatch)
+    found = []
+    for path in sorted([*CORE.rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("re.compile", "re.match", "re.search") \
+                    and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str) \
+                    and node.args[0].value.endswith("$"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []

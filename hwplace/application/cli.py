@@ -8,22 +8,27 @@ layers below and the other modules of :mod:`hwplace.application`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 from hwplace.application.job import run_job
+from hwplace.application.notes import print_notes
 from hwplace.application.report import plan_json, print_plan, print_sync_plans, sync_plans, sync_plans_json, table
 from hwplace.application.status import print_status
+from hwplace.application.summary import result_line, summary_data
 from hwplace.config.job_config import parse_job_config
 from hwplace.config.loading import apply_overrides, load_config
 from hwplace.contracts.capabilities import Leases, require
 from hwplace.contracts.hardware import Device
 from hwplace.foundation.errors import ConfigError, HwplaceError, PlacementError, PluginError
-from hwplace.foundation.settings import FAKE_ACCELERATOR, NODE_RANK, read_node_rank
+from hwplace.foundation.settings import FAKE_ACCELERATOR, NODE_RANK, QUIET_WORKERS, read_node_rank
 from hwplace.foundation.version import __version__
 from hwplace.foundation.wording import ranks_text, safe_repr
 from hwplace.inventory.cluster import Cluster
@@ -35,6 +40,30 @@ from hwplace.plugin.session import get_plugin_manager
 
 EXIT_ERROR = 2
 EXIT_FAILED = 1  # the job ran and failed: a worker raised or died
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT
+EXIT_TERMINATED = 143  # SIGTERM: 128 + SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM reached the command: raised where it runs, so the job's groups are shut down on the way out."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_ends_the_command() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in the block (the main thread only), as Ctrl-C raises KeyboardInterrupt;
+    the executor keeps it (the Ray executor puts back the handler ``ray.init`` replaces)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _show_error(error: HwplaceError, err: TextIO) -> None:
@@ -86,6 +115,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     else:
         print_plan(plan, out)
         print_sync_plans(syncs, out)
+        print_notes(plan, out)
     return 0
 
 
@@ -103,32 +133,43 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             raise ConfigError("--nodes", "a simulated cluster has fake accelerators only", value=args.nodes,
                               allowed="4x8 or 8,8,4 without a :type; plan other types with hwplace plan --nodes")
     try:
-        result = run_job(config, accelerators_per_node=counts, out=out,
-                         base=os.path.dirname(os.path.abspath(args.config)))
+        with _worker_output(args.worker_output):
+            result = run_job(config, accelerators_per_node=counts, out=out,
+                             base=os.path.dirname(os.path.abspath(args.config)), job_name=_stem(args.config))
     except ConfigError as exc:  # the simulated cluster's shape is the option's mistake: name the option
         if exc.path != "accelerators_per_node":
             raise
         wanted = exc.allowed.split()[2] if exc.allowed else "N"  # "at least N nodes"
         raise ConfigError("--nodes", exc.problem, value=args.nodes,
                           allowed=f"{exc.allowed}, such as --nodes {wanted}x4") from None
+    out.write(result_line(result))
     if args.summary is not None:
+        data = summary_data(result)  # refused before the file is written
         with open(args.summary, "w", encoding="utf-8") as file:
-            json.dump(result, file, indent=2, default=_jsonable)
+            json.dump(data, file, indent=2, allow_nan=False)
             file.write("\n")
+        out.write(f"summary: {args.summary}\n")
     return 0
 
 
-def _jsonable(value: Any) -> Any:
-    """What ``--summary`` writes for a value JSON has no type for: records as mappings, sets as sorted lists,
-    scalars of numpy or torch as numbers, anything else as its repr."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, set | frozenset):
-        return sorted(value, key=repr)
-    item = getattr(value, "item", None)
-    if callable(item) and getattr(value, "ndim", None) == 0:
-        return item()
-    return safe_repr(value)
+@contextlib.contextmanager
+def _worker_output(shown: bool) -> Iterator[None]:
+    """Keep the terminal to hwplace's output for the block (``HWPLACE_QUIET_WORKERS``): workers' output and the
+    executor's log lines go to its logs, unless ``shown`` (``--worker-output``) or the variable says otherwise."""
+    before = os.environ.get(QUIET_WORKERS)
+    os.environ[QUIET_WORKERS] = "0" if shown else (before if before is not None else "1")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(QUIET_WORKERS, None)
+        else:
+            os.environ[QUIET_WORKERS] = before
+
+
+def _stem(path: str) -> str:
+    """A config file's name without its suffix: ``grpo.yaml`` names job ``grpo``."""
+    return os.path.splitext(os.path.basename(path))[0] or path
 
 
 def _node_rank(args: argparse.Namespace, num_nodes: int) -> int:
@@ -139,6 +180,10 @@ def _node_rank(args: argparse.Namespace, num_nodes: int) -> int:
                           allowed=f"0 to {num_nodes - 1} (cluster.num_nodes is {num_nodes})")
     return int(raw)
 
+
+STATUS_ADDRESSES = ("the address of a running cluster's head, host:port (`ray start --head` prints it), in "
+                    "--address or RAY_ADDRESS; without either, status asks the cluster `ray start` made on this "
+                    "machine. hwplace status never starts a cluster")
 
 IDENTITY_KEYS = ("uuid", "physical_id", "port", "url", "name", "hostname")
 """Device properties that say which device it is, shown first by ``hwplace hardware``."""
@@ -151,9 +196,12 @@ def _device_row(device: Device) -> list[str]:
     return [str(device.index), device.model, health, " ".join(identity) or "-", " ".join(details)]
 
 
-def _why_none(manager: PluginManager, name: str, declared: Mapping[str, Any]) -> str | None:
+def _why_none(manager: PluginManager, name: str, declared: Mapping[str, Any], args: argparse.Namespace,
+              node_rank: int) -> str | None:
     """The reason a backend gave for finding nothing here (``NoDevices``), from the cached detection."""
     if manager.backends()[name].kind == "device" and name not in declared:
+        if args.config is not None:
+            return f"{args.config} declares no {name} devices for node {node_rank} (hardware.configs)"
         return "its devices are declared in a config's hardware.configs: add --config job.yaml"
     return manager.detect(name, declared.get(name, ())).absent
 
@@ -174,7 +222,7 @@ def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     backends = manager.backends()
     executors = manager.executors()
     absent = {name: why for name in backends if not found.get(name) and name not in problems
-              and (why := _why_none(manager, name, declared))}
+              and (why := _why_none(manager, name, declared, args, node_rank))}
     notes = []
     if args.config is not None:
         notes.append(f"devices {args.config} declares for node {node_rank} were detected here"
@@ -221,7 +269,14 @@ def _status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except PluginError as exc:
         raise ConfigError("--executor", str(exc), allowed=", ".join(manager.executors()) or "none installed") from None
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"  # a running cluster, never a new one
-    state = require(executor, Leases, "hwplace status").cluster_status(address)
+    try:
+        state = require(executor, Leases, "hwplace status").cluster_status(address)
+    except ConfigError as exc:  # worded for a job's config (cluster.address, an embedded Ray): say it for status
+        if exc.path not in ("cluster.address", "address"):
+            raise
+        where = "--address" if args.address else ("RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "--address")
+        raise ConfigError(where, exc.problem.replace("cluster.address", "--address"), allowed=STATUS_ADDRESSES) \
+            from None
     if args.json:
         json.dump(state, out, indent=2, default=safe_repr)
         out.write("\n")
@@ -249,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--nodes", help="run on a throwaway local Ray cluster of this shape, with fake accelerators: "
                      "1x4 (one node of 4), 2x4, or 4,2")
     run.add_argument("--summary", metavar="FILE", help="write what the job's entry point returns to FILE, as JSON")
+    run.add_argument("--worker-output", action="store_true", help="show the workers' output and the executor's "
+                     "log lines (Ray's) here; by default they stay in the executor's logs, which the run names")
     run.set_defaults(run=_run)
     hardware = commands.add_parser("hardware", help="list the registered backends and what they detect here")
     hardware.add_argument("--config", help="also detect the devices this config declares for this node")
@@ -269,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run the command line; returns the exit code: 2 for a configuration, placement or plugin error, 1 for a
-    job that failed (a worker raised or died)."""
+    job that failed (a worker raised or died), 130 when interrupted (Ctrl-C) and 143 when terminated (SIGTERM)."""
     out, err = out or sys.stdout, err or sys.stderr
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -278,7 +335,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        code: int = args.run(args, out, err)
+        with _sigterm_ends_the_command():
+            code: int = args.run(args, out, err)
     except (ConfigError, PlacementError, PluginError) as error:
         _show_error(error, err)
         return EXIT_ERROR
@@ -287,7 +345,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         return EXIT_FAILED
     except KeyboardInterrupt:
         err.write("hwplace: interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
+    except Terminated:
+        err.write("hwplace: terminated (SIGTERM)\n")
+        return EXIT_TERMINATED
     except BrokenPipeError:  # the reader went away (`hwplace plan ... | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

@@ -19,20 +19,24 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TextIO, TypeVar
 
+from hwplace.application.notes import print_notes
 from hwplace.application.report import print_cluster, print_plan, print_sync_plans, sync_plans
 from hwplace.config.job_config import JobConfig, parse_job_config
-from hwplace.foundation.errors import ConfigError
+from hwplace.contracts.capabilities import Leases
+from hwplace.foundation.errors import ConfigError, PlacementError
 from hwplace.foundation.wording import did_you_mean, plural, safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.inventory.local import local_cluster
 from hwplace.inventory.offline import fake_cluster
 from hwplace.planning.component import ComponentPlacement
-from hwplace.runtime.group import WorkerGroup
+from hwplace.runtime.group import WorkerGroup, group_record
 from hwplace.runtime.worker import Worker
 
 ENTRYPOINT_FORMS = ("'file.py:function' (a path relative to the config's folder) or 'package.module:function' "
                     "(an installed module)")
 ENTRYPOINT_KEY = "entrypoint"
+NAME_KEY = "name"  # the job's name on a shared cluster (hwplace status, lease conflicts)
+RESERVED_KEYS = (ENTRYPOINT_KEY, NAME_KEY)  # hwplace's keys of job:, not the job's own settings
 
 W = TypeVar("W", bound=Worker)
 
@@ -50,13 +54,13 @@ class Job:
     def settings(self, **defaults: Any) -> SimpleNamespace:
         """The job's own settings: ``defaults`` overridden by the config's ``job:`` section.
 
-        Every key of ``job:`` (but ``entrypoint``) must be one of ``defaults``, of the default's type (an
+        Every key of ``job:`` (but ``entrypoint`` and ``name``) must be one of ``defaults``, of the default's type (an
         integer passes for a float); otherwise a :class:`~hwplace.ConfigError` names the key.
         """
         section = job_section(self.config)
         values = dict(defaults)
         for key, value in section.items():
-            if key == ENTRYPOINT_KEY:
+            if key in RESERVED_KEYS:
                 continue
             if key not in defaults:
                 raise ConfigError(f"job.{key}", "is not a setting of this job",
@@ -109,6 +113,19 @@ def job_section(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return section
 
 
+def job_name_of(config: Mapping[str, Any], default: str | None) -> str | None:
+    """The job's name: ``job.name`` when the config gives one, else ``default`` (its file's name)."""
+    section = config.get("job")
+    if not isinstance(section, Mapping) or section.get(NAME_KEY) is None:
+        return default
+    name = section[NAME_KEY]
+    if not isinstance(name, str) or not name.strip() or len(name.strip()) > 100 or not name.isprintable():
+        raise ConfigError(f"job.{NAME_KEY}", "is not a usable job name", value=name,
+                          allowed="1 to 100 printable characters (leave it out to name the job after its config "
+                          "file)")
+    return name.strip()
+
+
 def load_entrypoint(config: Mapping[str, Any], base: Path) -> Callable[[Job], Any]:
     """The function ``job.entrypoint`` names; a file path is read relative to ``base``.
 
@@ -155,6 +172,37 @@ def _inside(path: str | None, folder: Path) -> bool:
     return path is not None and Path(path).resolve().is_relative_to(folder)
 
 
+PLANNED = "(planned: not launched yet)"  # the worker class a component's up-front lease shows in hwplace status
+
+
+@contextlib.contextmanager
+def leased_plan(cluster: Cluster, placement: ComponentPlacement) -> Iterator[None]:
+    """Lease every device of the plan to this job before any group launches, for the block.
+
+    Each component's devices are registered as a group named after it (which ``Job.launch`` then takes over):
+    a device another live job holds is a ``PlacementError`` naming it and its holder before the entry point
+    runs, not when the clashing component launches, after the others. Nothing when the executor keeps no
+    leases."""
+    executor = cluster.executor()
+    if not isinstance(executor, Leases):
+        yield
+        return
+    leased: list[str] = []
+    try:
+        for component in placement.components:
+            record = group_record(cluster, component, Worker, placement.get_placements(component))
+            if record.leases:
+                try:
+                    executor.register_group(replace(record, worker_class=PLANNED))
+                except PlacementError as exc:
+                    raise PlacementError(f"job {cluster.job_name!r}, before launching anything: {exc}") from None
+                leased.append(component)
+        yield
+    finally:
+        for component in leased:
+            executor.deregister_group(component)
+
+
 @contextlib.contextmanager
 def _simulated(counts: list[int] | None, executor: str) -> Iterator[None]:
     """A throwaway local cluster of ``executor`` with ``counts`` fake accelerators on its nodes, for the block; or
@@ -172,6 +220,7 @@ def run_job(
     accelerators_per_node: int | Sequence[int] | None = None,
     base: str | os.PathLike[str] | None = None,
     out: TextIO | None = None,
+    job_name: str | None = None,
 ) -> Any:
     """Run a job: connect the cluster, place every component, print the plan, call ``job.entrypoint``.
 
@@ -181,8 +230,10 @@ def run_job(
     (a :class:`~hwplace.JobConfig` is used as it is). A relative ``job.entrypoint`` file is read
     from ``base``: by default the config file's folder, or the working directory for a mapping. Every group
     the entry point launched through the :class:`Job` is shut down when it returns or raises. It prints the
-    cluster it joined (address and nodes) and the plan before calling the entry point. A config file names the
-    job (``hwplace status``): ``pipeline.yaml`` runs as job ``pipeline``. Returns what the entry point returns.
+    cluster it joined (address and nodes) and the plan before calling the entry point. The job's name (``hwplace
+    status``, lease conflicts) is ``job.name``, else ``job_name``, else its config file's: ``pipeline.yaml``
+    runs as job ``pipeline``. Every device of the plan is leased to the job before the entry point runs
+    (:func:`leased_plan`). Returns what the entry point returns.
     """
     job_config = config if isinstance(config, JobConfig) else parse_job_config(config)  # every mistake, up front
     cluster_config = job_config.cluster
@@ -203,7 +254,9 @@ def run_job(
         sync_plans(job_config.weight_sync, ComponentPlacement(job_config, simulated))  # source ranks: checked too
         cluster_config = replace(cluster_config, address=None)  # the simulated cluster is the local one
         job_config = replace(job_config, cluster=cluster_config)
-    job_name = Path(os.fsdecode(config)).stem if isinstance(config, str | os.PathLike) else None
+    if job_name is None and isinstance(config, str | os.PathLike):
+        job_name = Path(os.fsdecode(config)).stem
+    job_name = job_name_of(job_config.raw, job_name)
     with _simulated(counts, cluster_config.executor):
         cluster = Cluster(cluster_cfg=cluster_config, job_name=job_name)
         print_cluster(cluster, out or sys.stdout)
@@ -211,8 +264,10 @@ def run_job(
         syncs = sync_plans(job_config.weight_sync, placement)
         print_plan(placement, out or sys.stdout)
         print_sync_plans(syncs, out or sys.stdout)
-        job = Job(job_config, cluster, placement)
-        try:
-            return entry(job)
-        finally:
-            job.shutdown()
+        print_notes(placement, out or sys.stdout)
+        with leased_plan(cluster, placement):
+            job = Job(job_config, cluster, placement)
+            try:
+                return entry(job)
+            finally:
+                job.shutdown()

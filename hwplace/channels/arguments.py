@@ -10,6 +10,7 @@ from typing import Any
 
 from hwplace.channels.balance import is_weight
 from hwplace.foundation.errors import ConfigError
+from hwplace.foundation.timeouts import wait_timeout
 from hwplace.foundation.wording import safe_repr
 
 CHANNEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
@@ -47,9 +48,5 @@ def version_of(value: Any, what: str) -> int | None:
 
 
 def timeout_of(value: Any) -> float | None:
-    if value is None:
-        return None
-    if not is_weight(value):
-        raise ConfigError("timeout", "must be None (wait as long as it takes) or a finite number of seconds >= 0",
-                          value=value)
-    return float(value)
+    """A ``timeout`` argument as seconds, ``None`` for no limit (:func:`hwplace.foundation.timeouts.wait_timeout`)."""
+    return wait_timeout(value)

@@ -15,8 +15,8 @@ from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.wording import did_you_mean
 
 MAX_NODES = 100_000  # far beyond any cluster; bounds what a typo such as num_nodes: 10000000000 can cost
-LABEL = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LABEL = re.compile(r"^[A-Za-z0-9_.-]{1,128}\Z")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def check_keys(mapping: Mapping[Any, Any], allowed: Sequence[str], path: str) -> None:

@@ -14,7 +14,7 @@ from hwplace.foundation.errors import PlacementError
 
 MAX_PROCESSES = 1_000_000
 MAX_DIGITS = 18  # no rank is longer; bounds the cost of converting what a user typed
-_RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
+_RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?\Z")
 _WHITESPACE = re.compile(r"\s+")
 
 

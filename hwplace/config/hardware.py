@@ -10,6 +10,7 @@ from typing import Any
 
 from hwplace.config.checks import check_keys, integer, mapping
 from hwplace.config.records import HardwareConfig
+from hwplace.contracts.hardware import BACKEND_ALIASES
 from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.frozen import freeze
 from hwplace.foundation.wording import did_you_mean, safe_repr
@@ -36,7 +37,7 @@ def parse_hardware(
         hint = "; for plain nodes use 'ignore_hardware: true' or no hardware at all" if type_name in backends else ""
         raise ConfigError(f"{path}.type", f"no hardware backend is named {type_name!r}{hint}",
                           allowed=f"registered types: {', '.join(kind_names) or 'none'}"
-                                  f"{did_you_mean(type_name, kind_names)}{failures_note(manager)}")
+                                  f"{did_you_mean(type_name, kind_names, BACKEND_ALIASES)}{failures_note(manager)}")
     backend = backends[type_name].backend
     configs_raw = raw.get("configs")
     if backend.kind == "accelerator":

@@ -135,8 +135,10 @@ _YamlLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT, _BOOL)]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_YamlLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-_YamlLoader.add_implicit_resolver(_INT, re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789"))
+BOOL_TEXT = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)\Z")  # \Z: "$" would match before a final newline
+INT_TEXT = re.compile(r"^[-+]?(?:0|[1-9][0-9]*)\Z")
+_YamlLoader.add_implicit_resolver(_BOOL, BOOL_TEXT, list("tTfF"))
+_YamlLoader.add_implicit_resolver(_INT, INT_TEXT, list("-+0123456789"))
 _YamlLoader.add_constructor(_INT, _YamlLoader._construct_int)
 
 
@@ -179,7 +181,7 @@ def _parse(text: str, name: str) -> Any:
         raise ConfigError("", f"{name} is nested too deeply to read", allowed=_NESTING) from None
 
 
-_OVERRIDE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*$")
+_OVERRIDE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*\Z")
 
 
 CHECKED_SECTIONS = ("cluster", "job")

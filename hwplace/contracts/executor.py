@@ -71,7 +71,8 @@ class Handle(Pending):
     ``wait(timeout=None)`` returns them, raising :class:`hwplace.WorkerError` for the first rank that failed
     and ``TimeoutError`` when ``timeout`` seconds elapse (the call goes on, and ``wait`` may be called again).
     ``done()`` says whether every rank has answered; ``await handle`` waits inside async code;
-    ``cancel(force=False)`` stops the call.
+    ``cancel(force=False)`` stops the call. ``timeout`` passes :func:`hwplace.executor.wait_timeout` first (a
+    bad one is a ``ConfigError`` naming it; infinity means no limit), as a channel handle's does.
     """
 
     def wait(self, timeout: float | None = None) -> list[Any]:

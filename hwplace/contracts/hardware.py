@@ -12,7 +12,12 @@ from hwplace.foundation.wording import safe_repr
 
 Kind = Literal["accelerator", "device", "node"]
 KINDS: tuple[Kind, ...] = ("accelerator", "device", "node")
-PLUGIN_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+PLUGIN_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")
+BACKEND_ALIASES = {  # what people call a backend, for the did-you-mean of a type name that names none
+    "gpu": "cuda", "gpus": "cuda", "nvidia": "cuda", "nvidia-gpu": "cuda", "cuda-gpu": "cuda",
+    "ascend": "npu", "npus": "npu", "huawei": "npu", "fake": "fake-accelerator", "serial": "serial-robot",
+    "robot": "serial-robot",
+}
 """What a backend's or executor's name may be: 1 to 64 lower-case letters, digits, '.', '_' and '-'."""
 
 

@@ -57,6 +57,11 @@ script the driver runs (``hwplace run`` names a job after its config file)."""
 LOG_LEVEL = "HWPLACE_LOG_LEVEL"
 """The level of workers' loggers (``DEBUG``, ``INFO``, ...); default ``INFO``."""
 
+QUIET_WORKERS = "HWPLACE_QUIET_WORKERS"
+"""``1`` keeps workers' output and the executor's own log lines (Ray's raylet warnings) out of the driver's
+terminal: they stay in the executor's logs, which the executor names once. ``hwplace run`` sets it unless
+given ``--worker-output``; default off (a script sees its workers' prints)."""
+
 DEFAULT_DETECT_TIMEOUT = 10.0
 MAX_DETECT_TIMEOUT = 3600.0
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -65,6 +70,11 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 def read_flag(name: str) -> bool:
     """Whether the variable ``name`` is set to 1, true, yes or on (any letter case)."""
     return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def read_quiet_workers() -> bool:
+    """``HWPLACE_QUIET_WORKERS``: whether workers' output and the executor's log lines stay out of the terminal."""
+    return read_flag(QUIET_WORKERS)
 
 
 def read_list(name: str) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import reprlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 
 def plural(count: int, word: str, words: str | None = None) -> str:
@@ -12,9 +12,14 @@ def plural(count: int, word: str, words: str | None = None) -> str:
     return f"{count} {word if count == 1 else words or word + 's'}"
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """``"; did you mean 'x'?"`` for the closest choice, or ``""``."""
-    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1)
+def did_you_mean(word: str, choices: Iterable[str], aliases: Mapping[str, str] | None = None) -> str:
+    """``"; did you mean 'x'?"`` for the closest choice, or ``""``. A word ``aliases`` knows (``gpu`` for
+    ``cuda``) suggests its choice when that is one, before any spelling that merely looks alike."""
+    names = [str(c) for c in choices]
+    known = (aliases or {}).get(word.strip().lower())
+    if known is not None and known in names:
+        return f"; did you mean {known!r}?"
+    close = difflib.get_close_matches(word, names, n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from hwplace.config.checks import MAX_NODES
 from hwplace.config.section import parse_cluster_config
-from hwplace.contracts.hardware import Device
+from hwplace.contracts.hardware import BACKEND_ALIASES, Device
 from hwplace.contracts.records import Node
 from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.settings import FAKE_ACCELERATOR, read_fake_accelerator_memory
@@ -24,7 +24,7 @@ from hwplace.plugin.session import get_plugin_manager
 
 MAX_PLANNED_ACCELERATORS = 4_000_000  # over the whole offline cluster: bounds memory, far beyond any cluster
 MAX_NODES_ITEMS = 10_000
-_NODES_ITEM = re.compile(r"^(?:([0-9]{1,7})x)?([0-9]{1,7})(?::([a-z0-9][a-z0-9._-]{0,63}))?$")
+_NODES_ITEM = re.compile(r"^(?:([0-9]{1,7})x)?([0-9]{1,7})(?::([a-z0-9][a-z0-9._-]{0,63}))?\Z")
 
 
 def accelerator_counts(value: Any, num_nodes: int | None, config_nodes: int | None) -> list[int]:
@@ -65,7 +65,8 @@ def _types(value: Any, counts: list[int], manager: PluginManager) -> list[str]:
         if count and name not in accelerators:
             raise ConfigError("accelerator_type", f"{safe_repr(name)} is not a registered accelerator backend",
                               allowed=f"registered: {', '.join(accelerators) or 'none'}"
-                                      f"{did_you_mean(str(name), accelerators)}{failures_note(manager)}")
+                                      f"{did_you_mean(str(name), accelerators, BACKEND_ALIASES)}"
+                                      f"{failures_note(manager)}")
     return types
 
 

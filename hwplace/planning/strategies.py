@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from hwplace.config.records import NodeGroup
 from hwplace.contracts.records import Placement
 from hwplace.foundation.errors import PlacementError
-from hwplace.foundation.wording import safe_repr
+from hwplace.foundation.wording import plural, ranks_text, safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.placements import build_placements, gc_paused
 from hwplace.planning.resources import ResourceSpace, resource_space
@@ -96,8 +96,17 @@ class PlacementStrategy:
         super().__delattr__(name)
 
     def groups(self, cluster: Cluster) -> list[NodeGroup]:
-        """The node groups this strategy selects, resolved on ``cluster`` (labels looked up in its config)."""
-        return [g if isinstance(g, NodeGroup) else cluster.config.group(g) for g in self.node_group]
+        """The node groups this strategy selects, resolved on ``cluster`` (labels looked up in its config).
+
+        A ``NodeGroup`` object given directly is not checked against the cluster by the config: one naming
+        node ranks the cluster lacks is a ``PlacementError`` naming the group and those ranks."""
+        groups = [g if isinstance(g, NodeGroup) else cluster.config.group(g) for g in self.node_group]
+        for group in groups:
+            beyond = [rank for rank in group.node_ranks if rank >= cluster.num_nodes]
+            if beyond:
+                raise PlacementError(f"node group {group.label!r} names {ranks_text(beyond)}, but the cluster "
+                                     f"has {plural(cluster.num_nodes, 'node')} (ranks 0-{cluster.num_nodes - 1})")
+        return groups
 
     def resource_space(self, cluster: Cluster) -> ResourceSpace:
         """The resources this strategy's ids index on ``cluster``."""

@@ -26,7 +26,7 @@ __all__ = ["MASK_VARIABLE", "RAY_OPT_OUT", "NpuBackend", "hwplace_hardware_backe
 
 DEFAULT_TIMEOUT = 5.0  # seconds for npu-smi; at most half the core's detect bound (HWPLACE_DETECT_TIMEOUT)
 SMI_LOCATIONS = ("usr/local/sbin/npu-smi", "usr/local/bin/npu-smi")  # where the driver installs it, off PATH
-DEVICE_FILE = re.compile(r"^davinci(\d{1,6})$")
+DEVICE_FILE = re.compile(r"^davinci(\d{1,6})\Z")
 MANAGER_FILE = "davinci_manager"
 UNKNOWN_MODEL = "Ascend NPU (model unknown)"
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 MIB = 2**20
 MAX_LINES = 20_000  # far beyond any real table (16 chips take ~60 lines); bounds the work on garbage
 HEALTHY = ("OK", "Warning")  # npu-smi's levels: OK, Warning (minor alarm), Alarm (major), Critical
-BUS_ID = re.compile(r"^(?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
+BUS_ID = re.compile(r"^(?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]\Z")
 USAGE = re.compile(r"(\d+)\s*/\s*(\d+)")
 NOT_AVAILABLE = ("NA", "N/A", "-")
 

@@ -33,7 +33,7 @@ from hwplace.executor import (
     TurnArbitration,
     detect_timeout,
 )
-from hwplace_plugins.ray.connect import connect, import_ray
+from hwplace_plugins.ray.connect import connect, connected, import_ray
 from hwplace_plugins.ray.local_cluster import local_ray_cluster
 from hwplace_plugins.ray.ranks import RANK_VARIABLE, FoundNode, assign_ranks, nodes_table
 
@@ -306,7 +306,7 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
         return rendezvous().kv_wait(key, timeout)  # type: ignore[no-any-return]
 
     def create_channel(self, name: str, maxsize: int, group: str | None, rank: int) -> ChannelAddress:
-        ray = import_ray()
+        ray = connected("Channel.create")
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415 (optional: Ray)
 
         with self._lock:
@@ -351,7 +351,7 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
         return True
 
     def connect_channel(self, name: str) -> ChannelAddress:
-        ray = import_ray()
+        ray = connected("Channel.connect")
         try:
             actor = ray.get_actor(ACTOR_PREFIX + name)
         except ValueError:

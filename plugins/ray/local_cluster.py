@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hwplace import ConfigError
+from hwplace_plugins.ray.connect import check_token, init, own_sigterm
 
 OBJECT_STORE_BYTES = 2**30  # each node's object store in a local cluster; Ray takes the memory as it is used
 
@@ -48,6 +49,7 @@ def local_ray_cluster(node_envs: Sequence[Mapping[str, str]], *, cpus_per_node: 
     if ray.is_initialized():
         raise ConfigError("local_ray_cluster", "this process is already connected to Ray",
                           allowed="call ray.shutdown() first, or use that cluster")
+    check_token()  # its head would stop on a failed check inside Ray, and the start time out
     paths = _driver_paths()
 
     def node_args(rank: int) -> dict[str, Any]:
@@ -58,7 +60,8 @@ def local_ray_cluster(node_envs: Sequence[Mapping[str, str]], *, cpus_per_node: 
     with _private_ray_folder() as folder:
         # Ray records the latest cluster started on a machine (``ray_current_cluster`` in its temp folder),
         # where another process's ray.init() looks: this one is recorded in its own folder, found by nobody.
-        with _environment(RAY_TMPDIR=folder):
+        # A node started here takes SIGTERM for itself: the program keeps its own handler (own_sigterm).
+        with _environment(RAY_TMPDIR=folder), own_sigterm():
             cluster = RayCluster(initialize_head=False)
             try:
                 cluster.add_node(**node_args(0))
@@ -66,10 +69,11 @@ def local_ray_cluster(node_envs: Sequence[Mapping[str, str]], *, cpus_per_node: 
                 cluster.shutdown()  # type: ignore[no-untyped-call]
                 raise
         try:
-            for rank in range(1, len(node_envs)):
-                _add_worker_node(cluster, node_args(rank))
-            cluster.wait_for_nodes()
-            ray.init(address=cluster.address)
+            with own_sigterm():
+                for rank in range(1, len(node_envs)):
+                    _add_worker_node(cluster, node_args(rank))
+                cluster.wait_for_nodes()
+            init(ray, address=cluster.address)
             try:
                 yield str(cluster.address)
             finally:

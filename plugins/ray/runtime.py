@@ -33,6 +33,7 @@ from hwplace.executor import (
     run_method,
     run_method_async,
     start_worker,
+    wait_timeout,
 )
 from hwplace_plugins.ray.orphans import exit_with_raylet
 
@@ -291,6 +292,7 @@ class RayHandle(Handle):
 
     def wait(self, timeout: float | None = None) -> list[Any]:
         self._runtime.check_session(self._what)
+        timeout = wait_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         pending = self._pending()
         if self._cancelled and pending:  # every rank ends soon: report them in rank order, not arrival order

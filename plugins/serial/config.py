@@ -28,8 +28,8 @@ DEFAULT_HANDSHAKE_TIMEOUT = 1.0
 MAX_HANDSHAKE_TIMEOUT = 30.0
 ESCAPES = {"n": b"\n", "r": b"\r", "t": b"\t", "0": b"\0", "\\": b"\\"}
 ESCAPES_ALLOWED = r"allowed escapes: \n \r \t \0 \\ \xHH"
-_WINDOWS_PORT = re.compile(r"^COM[1-9][0-9]{0,2}$")
-_HEX_ID = re.compile(r"^(0[xX])?[0-9a-fA-F]{1,4}$")
+_WINDOWS_PORT = re.compile(r"^COM[1-9][0-9]{0,2}\Z")
+_HEX_ID = re.compile(r"^(0[xX])?[0-9a-fA-F]{1,4}\Z")
 
 
 @dataclass(frozen=True)

@@ -167,6 +167,12 @@ def test_nodes_inventory(spec, counts, types) -> None:
     assert parse_nodes(spec) == (counts, types)
 
 
+@pytest.mark.parametrize("spec", ["4x8\n", "4x8:cuda\n"])
+def test_a_nodes_item_with_a_final_newline_is_refused(spec) -> None:  # a "$" matched before it
+    with pytest.raises(hwplace.ConfigError, match=r"^--nodes: "):
+        parse_nodes(spec)
+
+
 def test_nodes_inventory_of_another_accelerator_type_uses_its_backend(tmp_path) -> None:
     config = write(tmp_path, """
         cluster:
@@ -192,6 +198,21 @@ def test_nodes_inventory_of_an_unknown_type_names_the_registered_ones() -> None:
     assert code == 2
     assert err.startswith("hwplace: error: --nodes: 'fake-accelerater' is not a registered accelerator backend; "
                           "registered: cuda, fake-accelerator, npu; did you mean 'fake-accelerator'?")
+
+
+@pytest.mark.parametrize(("name", "meant"), [("gpu", "cuda"), ("nvidia", "cuda"), ("ascend", "npu")])
+def test_nodes_of_a_common_alias_suggest_its_backend(name: str, meant: str) -> None:
+    code, _, err = run("plan", str(QUICKSTART), "--nodes", f"1x4:{name}")  # 'gpu' suggested 'npu'
+    assert code == 2
+    assert err.startswith(f"hwplace: error: --nodes: {name!r} is not a registered accelerator backend; "
+                          f"registered: cuda, fake-accelerator, npu; did you mean {meant!r}?")
+
+
+def test_a_hardware_type_of_a_common_alias_suggests_its_backend() -> None:
+    with pytest.raises(hwplace.ConfigError, match=r"^cluster\.node_groups\[0\]\.hardware\.type: no hardware "
+                                                  r"backend is named 'gpu'; .*did you mean 'cuda'\?"):
+        hwplace.parse_job_config({"cluster": {"num_nodes": 1, "node_groups": [{"label": "g", "node_ranks": 0,
+                                                                               "hardware": {"type": "gpu"}}]}})
 
 
 @pytest.mark.parametrize("spec", ["1000000000x1", "100001x1", "99999x1,2x1", "1x99999999", "1x8:Bad Type",
@@ -223,6 +244,16 @@ def test_hardware_lists_backends_with_their_distribution(monkeypatch, fresh_mana
     names = [line.split()[0] for line in out.split("\n\n")[0].splitlines()[1:]]
     assert names == sorted(names)
     assert "hwplace fake accelerator" in out
+
+
+def test_hardware_with_a_config_says_what_it_declares_not_to_add_it(fresh_manager) -> None:
+    fresh_manager()
+    code, out, _ = run("hardware", "--config", str(QUICKSTART), "--node-rank", "0")
+    assert code == 0
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
+    assert " ".join(rows["serial-robot"][4:]) == f"0: {QUICKSTART} declares no serial-robot devices for node 0 " \
+        "(hardware.configs)"  # it said "add --config job.yaml" to a command given one
+    assert "add --config" not in out
 
 
 def test_hardware_json_detects_the_devices_a_config_declares() -> None:
@@ -425,3 +456,17 @@ def test_plan_parses_the_file_once_and_plans_as_component_placement_does_from_th
     plan = hwplace.ComponentPlacement(job, hwplace.testing.fake_cluster(job.cluster, accelerators_per_node=4))
     expected = {**plan_json(plan), "weight_sync": sync_plans_json(sync_plans(job.weight_sync, plan))}
     assert json.loads(out) == json.loads(json.dumps(expected, default=safe_repr))
+
+
+def test_plan_says_that_npu_tensors_travel_over_gloo_not_hccl(tmp_path) -> None:
+    config = tmp_path / "npu.yaml"
+    config.write_text("cluster:\n  num_nodes: 1\n  component_placement: {rollout: 0-3, trainer: 4-7}\n")
+    code, out, _ = run("plan", str(config), "--nodes", "1x8:npu")  # it fell back to gloo without a word
+    assert code == 0
+    assert out.splitlines()[-1] == ("note: rollout, trainer on npu: the npu backend's collective backend is 'hccl', "
+                                    "which hwplace does not run (torch_npu is not installed here either): tensors "
+                                    "these workers send each other (messaging, weight sync) travel through host "
+                                    "memory, over gloo")
+    code, out, _ = run("plan", str(config), "--nodes", "1x8:cuda")  # nccl runs: nothing to say
+    assert code == 0
+    assert "note:" not in out

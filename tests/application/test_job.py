@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 import hwplace
-from hwplace.application.cli import _jsonable, main
+from hwplace.application.cli import main
 from hwplace.application.job import Job, load_entrypoint
+from hwplace.application.summary import summary_data
 from hwplace.config.loading import apply_overrides
 from hwplace.config.section import cluster_section
 from hwplace.config.weight_sync import parse_weight_sync
@@ -320,10 +321,29 @@ def test_a_summary_writes_records_sets_and_scalars_as_json() -> None:
         step: int
         value: float
 
-    assert _jsonable(Point(1, 0.5)) == {"step": 1, "value": 0.5}
-    assert _jsonable({3, 1, 2}) == [1, 2, 3]
-    assert _jsonable(numpy.float32(0.25)) == 0.25
-    assert _jsonable(object()).startswith("<object object at")
+    assert summary_data(Point(1, 0.5)) == {"step": 1, "value": 0.5}
+    assert summary_data({3, 1, 2}) == [1, 2, 3]
+    assert summary_data(numpy.float32(0.25)) == 0.25
+    assert summary_data({"a": (numpy.arange(3), [Point(2, 1.0)])}) == {"a": [[0, 1, 2], [{"step": 2, "value": 1.0}]]}
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ({"stats": [1, object()]}, r"^--summary: result\['stats'\]\[1\] is an object \(<object object at 0x[0-9a-f]+>\), "
+                               r"which JSON cannot hold; return plain data"),
+    ({"loss": float("nan")}, r"^--summary: result\['loss'\] is nan, which JSON cannot hold"),
+    ({(1, 2): "pair"}, r"^--summary: result\[\(1, 2\)\]: the key is a tuple; a JSON key is a string"),
+    ([lambda: 0], r"^--summary: result\[0\] is a function "),
+])
+def test_a_summary_refuses_what_json_cannot_hold_naming_its_key_path(value: Any, message: str) -> None:
+    with pytest.raises(hwplace.ConfigError, match=message):  # it was written as "<object object at 0x...>"
+        summary_data(value)
+
+
+def test_a_summary_refuses_a_value_that_contains_itself() -> None:
+    looped: list[Any] = []
+    looped.append(looped)
+    with pytest.raises(hwplace.ConfigError, match=r"^--summary: result(\[0\]){100} is nested more than 100"):
+        summary_data(looped)
 
 
 # -- the parsed config --------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 import hwplace
+from hwplace.config import grammar
 from hwplace.config.grammar import (
     MAX_PROCESSES,
     Entry,
@@ -17,6 +18,12 @@ from hwplace.config.grammar import (
 )
 
 SIXTEEN = "the 16 accelerators of group 'cluster'"
+
+
+def test_the_range_pattern_ends_at_the_end_of_the_text() -> None:
+    # parse_range drops whitespace first, so only the pattern can show it: "$" would match before a final "\n"
+    assert grammar._RANGE.match("3-5\n") is None
+    assert grammar._RANGE.match("3-5") is not None
 
 
 def resolve(text: str, num_resources: int = 16) -> list[ResolvedEntry]:

@@ -297,6 +297,14 @@ def test_python_values_are_counted_with_shared_parts_repeated(data: st.DataObjec
             assert not set(ids) & set(container_ids(config))
 
 
+@pytest.mark.parametrize(("pattern", "text"), [(loading.BOOL_TEXT, "true"), (loading.INT_TEXT, "12"),
+                                               (loading._OVERRIDE_KEY, "job.steps")])
+def test_the_patterns_end_at_the_end_of_the_text(pattern: Any, text: str) -> None:
+    # a YAML plain scalar and a stripped override key cannot end with a newline: only the pattern can show it
+    assert pattern.match(text) is not None
+    assert pattern.match(text + "\n") is None  # "$" matched before a final newline
+
+
 def test_omegaconf_interpolation_bomb_is_refused_fast() -> None:
     levels = {"l0": [1, 2], **{f"l{i}": [f"${{l{i - 1}}}", f"${{l{i - 1}}}"] for i in range(1, 60)}}
     fails(OmegaConf.create(levels), "expands to more than 1,000,000 values")

@@ -339,7 +339,7 @@ def test_executor_defaults_to_ray_and_can_be_named() -> None:
     assert parse_cluster_config(section(executor="my-runtime")).executor == "my-runtime"
 
 
-@pytest.mark.parametrize("value", ["Ray Cluster", "", 3, False])
+@pytest.mark.parametrize("value", ["Ray Cluster", "", 3, False, "ray\n"])
 def test_bad_executor_name(value: Any) -> None:
     fails(section(executor=value), "cluster.executor", "executor name")
 
@@ -387,7 +387,7 @@ def test_group_label_not_a_string() -> None:
     fails(section(node_groups=[{**group(), "label": 3}]), "cluster.node_groups[0].label", r"\(got 3\)")
 
 
-@pytest.mark.parametrize("label", ["a,b", "a b", "", "gpu:0"])
+@pytest.mark.parametrize("label", ["a,b", "a b", "", "gpu:0", "gpu\n"])  # "gpu\n": a "$" matched before it
 def test_group_label_bad_characters(label: str) -> None:
     error = fails(section(node_groups=[group(label=label)]), "cluster.node_groups[0].label",
                   "letters, digits")
@@ -557,7 +557,7 @@ def test_env_vars_wrong_type() -> None:
           "must be a mapping or a list of one-key mappings")
 
 
-@pytest.mark.parametrize("name", ["1A", "A-B", "A B", ""])
+@pytest.mark.parametrize("name", ["1A", "A-B", "A B", "", "FOO\n"])
 def test_env_var_name_invalid(name: str) -> None:
     error = fails(env_group({"node_ranks": 0, "env_vars": {name: "x"}}),
                   f"cluster.node_groups[0].env_configs[0].env_vars.{name}",

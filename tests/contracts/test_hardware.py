@@ -56,6 +56,12 @@ def test_a_usable_backend_passes(kind: str) -> None:
     assert check_backend(backend_with("good-backend", kind)) is None
 
 
+def test_a_backend_name_with_a_final_newline_is_refused() -> None:
+    problem = check_backend(backend_with("good-backend\n", "accelerator"))
+    assert problem is not None
+    assert ".name is 'good-backend\\n'; a backend name is 1 to 64" in problem
+
+
 def test_the_base_class_defaults_to_an_accelerator_without_a_name() -> None:
     assert hwplace.HardwareBackend.kind == "accelerator"
     problem = check_backend(hwplace.HardwareBackend())

@@ -391,6 +391,17 @@ def test_node_group_takes_node_group_objects() -> None:
         mixed.get_placement(cluster)
 
 
+def test_a_node_group_object_naming_nodes_beyond_the_cluster_is_a_placement_error() -> None:
+    cluster = cluster_of([2, 2])
+    group = hwplace.NodeGroup("extra", (0, 5, 6))  # given directly, the config never checked it: IndexError
+    for strategy in (hwplace.PackedPlacementStrategy(0, 0, node_group=group),
+                     hwplace.FlexiblePlacementStrategy([[0]], node_group=[group]),
+                     hwplace.NodePlacementStrategy([0], node_group=group)):
+        with pytest.raises(hwplace.PlacementError, match=r"^node group 'extra' names nodes 5-6, but the cluster "
+                                                         r"has 2 nodes \(ranks 0-1\)$"):
+            strategy.get_placement(cluster)
+
+
 def test_default_groups() -> None:
     assert hwplace.PackedPlacementStrategy(0, 0).node_group == ("cluster",)
     assert hwplace.FlexiblePlacementStrategy([[0]], node_group=None).node_group == ("cluster",)

@@ -106,7 +106,11 @@ def test_holding_twice_is_refused() -> None:
         table.acquire("t0", "trainer", [A0], log.reply("t0"), "trainer rank 0")
 
 
-@pytest.mark.parametrize("timeout", [-1, float("inf"), "5", True])
+@pytest.mark.parametrize("timeout", [-1, float("nan"), "5", True])
 def test_a_turn_refuses_a_bad_timeout(timeout: Any) -> None:
-    with pytest.raises(hwplace.ConfigError, match=r"^timeout: must be None \(wait as long as it takes\)"):
+    with pytest.raises(hwplace.ConfigError, match=r"^timeout: .*allowed: None or float\('inf'\) \(no limit\)"):
         Turn(None, timeout)  # type: ignore[arg-type]
+
+
+def test_an_infinite_turn_timeout_is_no_limit() -> None:
+    assert Turn(None, float("inf"))._timeout is None  # type: ignore[arg-type]

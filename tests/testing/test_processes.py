@@ -156,6 +156,14 @@ def test_handles_time_out_without_stopping_the_call_and_can_be_awaited(group: hw
     assert asyncio.run(both()) == [1, 2]
 
 
+def test_a_bad_wait_timeout_is_a_config_error(group: hwplace.WorkerGroup) -> None:
+    handle = group.sleep(0.2)  # -1 used to be read as 0 and nan as no limit
+    for timeout in [float("nan"), -1, "1", True]:
+        with pytest.raises(hwplace.ConfigError, match=r"^timeout: .*allowed: None or float\('inf'\) \(no limit"):
+            handle.wait(timeout=timeout)  # type: ignore[arg-type]
+    assert handle.wait(timeout=float("inf")) == ["slept", "slept"]  # no limit
+
+
 def test_a_raising_method_is_a_worker_error_with_its_traceback(group: hwplace.WorkerGroup) -> None:
     with pytest.raises(hwplace.WorkerError, match=r"rank 1 on node 1: explode\(\) raised KeyError") as caught:
         group.execute_on(1).explode().wait()

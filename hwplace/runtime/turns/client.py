@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 from hwplace.contracts.capabilities import TurnAddress, TurnArbitration
 from hwplace.contracts.records import Placement
-from hwplace.foundation.errors import ConfigError, WorkerError
+from hwplace.foundation.errors import WorkerError
+from hwplace.foundation.timeouts import wait_timeout
 from hwplace.planning.sharing import accelerator_units
 from hwplace.plugin.session import session
 
@@ -156,12 +157,8 @@ class Turn:
     """What ``worker.turn(timeout)`` returns: use it as ``with`` (or ``async with`` in an ``async def`` method)."""
 
     def __init__(self, turns: Turns, timeout: float | None) -> None:
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
-                                    or not 0 <= timeout < float("inf")):
-            raise ConfigError("timeout", "must be None (wait as long as it takes) or a finite number of seconds >= 0",
-                              value=timeout)
         self._turns = turns
-        self._timeout = timeout
+        self._timeout = wait_timeout(timeout)
 
     def __enter__(self) -> Turn:
         self._turns.enter(self._timeout)

@@ -21,6 +21,7 @@ from typing import Any
 from hwplace.contracts.executor import GroupRequest, GroupRuntime, Handle
 from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import CallCancelled, HwplaceError, WorkerError
+from hwplace.foundation.timeouts import wait_timeout
 from hwplace.testing.processes.service import HubService
 from hwplace.testing.processes.wire import dumps
 from hwplace.testing.processes.workers import Outcome, WorkerProcess
@@ -148,6 +149,7 @@ class ProcessHandle(Handle):
         return [future.result()[1] for future in self._futures]
 
     def wait(self, timeout: float | None = None) -> list[Any]:
+        timeout = wait_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         pending = [f for f in self._futures if not f.done()]
         if self._cancelled and pending:  # every rank ends soon: report them in rank order, not arrival order

@@ -375,6 +375,15 @@ def test_without_npu_smi_device_files_are_counted_and_the_model_is_unknown(devic
     assert devices[0].properties["npu_smi"] == f"npu-smi not found: not at {tmp_path / 'no-such-npu-smi'}"
 
 
+def test_a_device_file_name_with_a_final_newline_is_not_a_device(device_tree: DeviceTree, tmp_path: Path) -> None:
+    root = device_tree(range(2))
+    (root / "dev" / "davinci7\n").touch()  # "$" matched before the newline: it counted as chip 7
+    devices = backend(tmp_path / "no-such-npu-smi", root).detect([])
+    assert summary(devices) == [(0, 0, True), (1, 1, True)]
+    assert smi.BUS_ID.match("0000:C1:00.0") is not None  # the bus id column is stripped: only the pattern shows it
+    assert smi.BUS_ID.match("0000:C1:00.0\n") is None
+
+
 def test_device_files_without_the_manager_are_unhealthy(device_tree: DeviceTree) -> None:
     devices = backend("no-such-npu-smi", device_tree([0, 1], manager=False)).detect([])
     assert [d.healthy for d in devices] == [False, False]

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -107,3 +108,39 @@ def test_a_cluster_whose_workers_cannot_import_hwplace_is_an_error_that_says_so(
     assert re.match(r"cluster: the workers of Ray node \w+ \([\d.]+\) cannot import hwplace \(ModuleNotFoundError: "
                     r"No module named 'hwplace'\): .*; install hwplace .* in the Python environment each node's "
                     r"'ray start' runs in", error), error
+
+
+@pytest.mark.parametrize(("extra", "found"), [
+    ({}, r"RAY_AUTH_TOKEN and RAY_AUTH_TOKEN_PATH are not set, and there is no \S+/\.ray/auth_token"),
+    ({"RAY_AUTH_TOKEN_PATH": "{home}/elsewhere"}, r"RAY_AUTH_TOKEN is not set, and RAY_AUTH_TOKEN_PATH names a "
+                                                  r"file, but there is no \S+/elsewhere"),
+])
+@pytest.mark.parametrize("command", [["status"], ["run", "job.yaml", "--nodes", "1x1"]])
+def test_token_mode_without_a_token_is_refused_before_ray_starts(tmp_path: Path, command: list[str],
+                                                                  extra: dict[str, str], found: str) -> None:
+    # Ray's own answer: a native "you have likely discovered a bug in Ray" report, or a head that never starts
+    (tmp_path / "quick.py").write_text("def main(job):\n    return 1\n")
+    (tmp_path / "job.yaml").write_text("job: {entrypoint: quick.py:main}\n"
+                                       "cluster: {num_nodes: 1, component_placement: {a: 0}}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update({"RAY_AUTH_MODE": "token", "HOME": str(tmp_path)},
+               **{k: v.format(home=tmp_path) for k, v in extra.items()})
+    done = subprocess.run([sys.executable, "-m", "hwplace", *command], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert re.fullmatch(r"hwplace: error: RAY_AUTH_MODE: is 'token' \(Ray's token authentication\), but this "
+                        rf"process has no token: {found}; give it the cluster's token: .*\n", done.stderr), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_status_errors_name_its_own_option_and_never_an_embedded_ray() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a fresh process: connected to no Ray
+    done = subprocess.run([sys.executable, "-m", "hwplace", "status", "--address", f"127.0.0.1:{port}"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"hwplace: error: --address: nothing answers at 127.0.0.1:{port} ("), done.stderr
+    assert "hwplace status never starts a cluster" in done.stderr
+    assert "cluster.address" not in done.stderr  # a job config's words
+    assert "embedded" not in done.stderr

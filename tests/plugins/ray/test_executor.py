@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -197,6 +198,14 @@ def test_an_elapsed_timeout_leaves_the_call_running(actor) -> None:
     with pytest.raises(TimeoutError, match=r"group 'actor': sleep\(\) did not finish within 0.05 s on ranks \[3\]"):
         handle.wait(timeout=0.05)
     assert handle.wait(timeout=30) == [0.5]
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1, "1", True])
+def test_a_bad_wait_timeout_is_a_config_error(actor, timeout: Any) -> None:
+    handle = actor.execute_on(0).sleep(0.2)  # nan used to reach ray.wait: its bare ValueError
+    with pytest.raises(hwplace.ConfigError, match=r"^timeout: .*allowed: None or float\('inf'\) \(no limit\)"):
+        handle.wait(timeout=timeout)
+    assert handle.wait(timeout=float("inf")) == [0.2]  # no limit
 
 
 def test_without_isolation_workers_see_every_accelerator_of_their_node(cluster, placement) -> None:

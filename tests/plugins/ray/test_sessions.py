@@ -35,6 +35,13 @@ with local_ray_cluster(1) as address:
             found[what] = "no error"
         except Exception as exc:
             found[what] = f"{type(exc).__name__}: {exc}"
+    for what, call in (("create", lambda: hwplace.Channel.create("late")),
+                       ("connect", lambda: hwplace.Channel.connect("late"))):
+        try:
+            call()
+            found[what] = "no error"
+        except Exception as exc:
+            found[what] = f"{type(exc).__name__}: {exc}"
     found["connected after"] = ray.is_initialized()  # a pending wait() must not start or join another Ray
     group.shutdown()
     ray.init(address=address)
@@ -48,9 +55,13 @@ print(json.dumps(found))
 
 @pytest.mark.time_limit(240)
 def test_a_group_whose_ray_session_ended_says_so_and_its_name_ends_with_it() -> None:
+    # and a channel created or connected to after ray.shutdown() is refused naming the cluster that is gone
     found = run_driver(DRIVER, timeout=200)
     for what, method in (("wait", "nap"), ("call", "nap")):
         assert found[what].startswith(f"WorkerError: group 'napper': {method}(): "), found[what]
         assert "the Ray session the group ran in has ended" in found[what]
+    for what in ("create", "connect"):  # not Ray's RuntimeError "Node ID is not available ..."
+        assert found[what].startswith(f"ConfigError: cluster: Channel.{what}: the Ray cluster this process was "
+                                      "connected to is gone (ray.shutdown() was called)"), found[what]
     assert found["connected after"] is False
     assert found["again"] == [0]

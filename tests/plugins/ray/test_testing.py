@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from drivers import run_driver
@@ -36,6 +38,28 @@ def test_a_second_local_cluster_in_a_connected_process_is_refused(hwplace_local_
 def test_bad_shapes_are_refused_before_ray_starts(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(hwplace.ConfigError, match=message), local_ray_cluster(**kwargs):  # type: ignore[arg-type]
         pass
+
+
+def child_processes() -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if fields[1] == str(os.getpid()) and fields[0] != "Z":
+                found.add(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("value", [1.5, None, ["a"], {"b": 1}])
+def test_a_non_string_environment_value_is_refused_naming_its_key_before_ray_starts(value: object) -> None:
+    before = child_processes()
+    with pytest.raises(hwplace.ConfigError, match=r"^env_vars\.FOO: "), \
+            local_ray_cluster(1, env_vars={"FOO": value}):  # type: ignore[dict-item]
+        pass
+    assert child_processes() <= before  # nothing started, nothing left behind
 
 
 def test_the_pytest_plugin_loads_without_importing_ray() -> None:

@@ -36,6 +36,7 @@ from hwplace_plugins.serial import (
     SerialRobotError,
     open_robot,
 )
+from hwplace_plugins.serial import config as serial_config
 
 NO_PYSERIAL = "pyserial is not installed: pip install 'hwplace[serial]' (tox: extras = serial)"
 serial = pytest.importorskip("serial", reason=NO_PYSERIAL)
@@ -457,6 +458,14 @@ def test_good_configs_are_accepted(config: dict[str, Any]) -> None:
 def test_bad_configs_are_refused_naming_the_key(config: dict[Any, Any], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         BACKEND.check_config(config)
+
+
+@pytest.mark.parametrize(("pattern", "text"), [("_WINDOWS_PORT", "COM3"), ("_HEX_ID", "0x2341")])
+def test_the_patterns_end_at_the_end_of_the_text(pattern: str, text: str) -> None:
+    # a port with a line break and a stripped id cannot reach them: only the patterns can show it
+    compiled = getattr(serial_config, pattern)
+    assert compiled.match(text) is not None
+    assert compiled.match(text + "\n") is None  # "$" matched before a final newline
 
 
 def test_a_bad_config_in_a_cluster_names_its_key_path() -> None:

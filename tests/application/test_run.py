@@ -1,0 +1,106 @@
+"""``hwplace run`` on the process executor (no Ray): what the job is named, its devices leased before any of
+its groups launches, and what the entry point returns."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hwplace
+from hwplace.application.cli import main
+from hwplace.executor import current_executor
+from hwplace.runtime.group import group_record
+from hwplace.testing import process_cluster
+
+pytestmark = pytest.mark.time_limit(240)  # a call that never answers fails its test rather than hangs
+
+CONFIG = """\
+job: {entrypoint: entry.py:main}
+cluster:
+  num_nodes: 1
+  executor: processes
+  component_placement: {first: 0-1, second: 2-3}
+"""
+
+ENTRY = """\
+from pathlib import Path
+
+
+def main(job):
+    Path(__file__).with_name("called").touch()
+    return sorted({j["name"] for j in job.cluster.executor().cluster_status(None)["jobs"]})
+
+
+def unwritable(job):
+    return {"steps": 3, "stats": [1.5, object()]}
+"""
+
+
+class Holder(hwplace.Worker):
+    def hold(self, record: Any) -> str:
+        """Lease ``record``'s devices as another job would: this worker's process is a job of its own."""
+        current_executor().register_group(record)  # type: ignore[attr-defined]
+        return "held"
+
+
+def job_files(folder: Path, name: str) -> Path:
+    (folder / "entry.py").write_text(ENTRY)
+    config = folder / name
+    config.write_text(CONFIG)
+    return config
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["run", *argv], out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_a_job_is_named_after_its_config_file_unless_job_name_says(tmp_path: Path) -> None:
+    config = job_files(tmp_path, "grpo.yaml")
+    summary = str(tmp_path / "summary.json")
+    with process_cluster(1, 4):
+        assert run(str(config), "--summary", summary)[0] == 0
+        assert json.loads(Path(summary).read_text()) == ["grpo"]  # not 'hwplace', the command's name
+        assert run(str(config), "job.name=nightly", "--summary", summary)[0] == 0
+        assert json.loads(Path(summary).read_text()) == ["nightly"]
+        code, _, err = run(str(config), "job.name=''")
+        assert (code, err.splitlines()[0]) == (2, "hwplace: error: job.name: is not a usable job name (got ''); "
+                                                  "1 to 100 printable characters (leave it out to name the job "
+                                                  "after its config file)")
+
+
+def test_every_device_of_the_plan_is_leased_before_any_group_launches(tmp_path: Path) -> None:
+    config = job_files(tmp_path, "clash.yaml")
+    with process_cluster(1, 4, cluster_cfg={"component_placement": {"holder": "0"}}, job_name="other-job") as cluster:
+        holder = Holder.create_group().launch(
+            cluster, hwplace.ComponentPlacement({"cluster": cluster.config}, cluster).get_strategy("holder"),
+            name="holder")
+        try:
+            wanted = hwplace.FlexiblePlacementStrategy([[2]]).get_placement(cluster)  # what 'second' needs
+            assert holder.hold(group_record(cluster, "held", Holder, wanted)).wait(timeout=60) == ["held"]
+            code, _, err = run(str(config))
+        finally:
+            holder.shutdown()
+    assert code == 2
+    assert err.startswith("hwplace: error: job 'clash', before launching anything: group 'second' cannot start: "
+                          "fake-accelerator 2 (uuid="), err
+    assert "is held by job 'other-job'" in err
+    assert not (tmp_path / "called").exists()  # refused before the entry point ran (and launched 'first')
+
+
+def test_the_result_is_printed_and_a_summary_refuses_what_json_cannot_hold(tmp_path: Path) -> None:
+    config = job_files(tmp_path, "results.yaml")
+    summary = tmp_path / "summary.json"
+    with process_cluster(1, 4):
+        code, out, _ = run(str(config))  # the result used to be dropped without --summary
+        assert (code, out.splitlines()[-1]) == (0, "result: ['results']")
+        code, out, err = run(str(config), "job.entrypoint=entry.py:unwritable", "--summary", str(summary))
+    assert out.splitlines()[-1].startswith("result: {'stats': [1.5, <object object at 0x")
+    assert code == 2  # it was written as "<object object at 0x...>", with exit 0
+    assert err.startswith("hwplace: error: --summary: result['stats'][1] is an object (<object object at 0x"), err
+    assert not summary.exists()
