@@ -30,7 +30,7 @@ MAX_BYTES = 2**60
 """The largest amount accepted: 1 EiB, far beyond any device, so a typo costs nothing and prints plainly."""
 ALLOWED = ("bytes as an integer, or a number and a unit: B, KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB "
            "(powers of 1024), such as 50GiB or 0.5GiB")
-_SIZE = re.compile(r"^([0-9]{1,30})(?:\.([0-9]{1,30}))? ?([A-Za-z]{1,4})$")
+_SIZE = re.compile(r"^([0-9]{1,30})(?:\.([0-9]{1,30}))? ?([A-Za-z]{1,4})\Z")
 _BINARY = ("B", "KiB", "MiB", "GiB", "TiB")
 
 

@@ -81,3 +81,4 @@ def test_format_size_uses_the_largest_binary_unit(amount: int, text: str) -> Non
 def test_a_formatted_size_parses_back_to_within_half_a_percent(amount: int) -> None:
     back = parse_size(format_size(amount).replace(" ", ""), "x")
     assert abs(back - amount) <= amount * 0.005 + 1
+

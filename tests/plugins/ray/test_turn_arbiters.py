@@ -50,5 +50,29 @@ def test_an_arbiter_of_a_job_that_ended_is_not_the_next_job_s(hwplace_local_ray:
         solo.shutdown()
 
 
-def test_no_address_file_is_left_in_the_machine_s_temp_folder(hwplace_local_ray: LocalRay) -> None:
-    assert not os.path.exists(os.path.join(tempfile.gettempdir(), "hwplace-turns"))
+class Sharer(Solo):
+    def arbiter_file(self) -> str:
+        from hwplace_plugins.ray.turns import _own_address_file
+
+        return _own_address_file(str(ray.get_runtime_context().get_node_id()))
+
+
+def test_the_address_file_lies_in_the_ray_session_s_folder_not_the_machine_s_temp_folder(
+        hwplace_local_ray: LocalRay) -> None:
+    temp = os.path.join(tempfile.gettempdir(), "hwplace-turns")
+    before = set(os.listdir(temp)) if os.path.isdir(temp) else set()  # other processes' (old versions') files
+    cluster = hwplace.Cluster({"num_nodes": 2})
+    one = Sharer.create_group().launch(cluster, hwplace.PackedPlacementStrategy(5, 5), name="share-one")
+    two = Sharer.create_group().launch(cluster, hwplace.PackedPlacementStrategy(5, 5), name="share-two")
+    try:
+        assert one.take().wait(timeout=60) + two.take().wait(timeout=60) == ["had a turn"] * 2
+        [path] = one.arbiter_file().wait(timeout=60)
+        session = ray.get_runtime_context()
+        assert path.startswith(os.path.join(session.get_temp_dir(), session.get_session_name()) + os.sep)
+        assert ray.get_runtime_context().get_job_id() in os.path.basename(path)
+        assert os.path.exists(path)
+    finally:
+        one.shutdown()
+        two.shutdown()
+    after = set(os.listdir(temp)) if os.path.isdir(temp) else set()
+    assert after <= before
