@@ -62,7 +62,6 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
         self._groups: dict[str, GroupRuntime] = {}
         self._remote: dict[str, Any] = {}
         self._channels: dict[str, Any] = {}  # Ray stops a named actor once no handle is left: these keep them
-        self._arbiters: dict[str, Any] = {}  # the turn arbiter of each node, by node id
         self._registry: tuple[str, Any] | None = None  # (the cluster's address, its registry actor)
         self._job_name: str | None = None
         self._session = ""  # the Ray session (job id) the handles above belong to
@@ -216,7 +215,6 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
         for name in [n for n, g in self._groups.items() if getattr(g, "session", now) != now]:
             del self._groups[name]
         self._channels.clear()
-        self._arbiters.clear()
         self._registry = None
 
     def _refuse_running(self, name: str) -> None:
@@ -275,7 +273,7 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
 
         with self._lock:
             running = dict(self._groups)
-        start_arbiters(request, running, self._arbiters, self.remote("turns"))
+        start_arbiters(request, running, self.remote("turns"))
         return runtime
 
     def turn_arbiter(self, placement: Placement) -> TurnAddress | None:

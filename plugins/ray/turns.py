@@ -1,7 +1,9 @@
 """Turns on Ray: one arbiter actor per node where groups share an accelerator, found by its workers through a file.
 
 The driver starts a node's arbiter (a :class:`TurnHost`, pinned there) when it launches a group that shares an
-accelerator with a running group on that node; the arbiter lives as long as the driver's job. It writes its
+accelerator with a running group on that node; the arbiter lives as long as the driver's job: this module keeps
+its handle for the process's job, not the executor object that started it (Ray stops an actor once no handle of
+its creator's reaches it, and a process may make its executors anew, with a new plugin manager). It writes its
 address to a file on its node, in the Ray session's own folder (which goes with the cluster, not left in the
 machine's temp folder), keyed by the job and the node, so only the workers of that job read it (an arbiter of a
 job that ended is never found by the next one) when they take a turn: a stat while there is no file, nothing
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import Any
 
 import ray
@@ -20,6 +23,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from hwplace.executor import GroupRequest, TurnAddress, TurnServer, shared_accelerators
 
 ACTOR_PREFIX = "hwplace.turns."
+
+_held: dict[str, dict[str, Any]] = {}  # the job's id -> its arbiters' handles by node id: they keep them alive
+_held_lock = threading.Lock()
 
 
 def address_file(session_dir: str, job_id: str, node_id: str) -> str:
@@ -54,19 +60,26 @@ class TurnHost:
         return self._address
 
 
-def start_arbiters(request: GroupRequest, running: dict[str, Any], started: dict[str, Any], host: Any) -> None:
-    """Start the arbiter of each node where ``request``'s workers share an accelerator with a running group's."""
+def start_arbiters(request: GroupRequest, running: dict[str, Any], host: Any) -> None:
+    """Start the arbiter of each node where ``request``'s workers share an accelerator with a running group's,
+    unless this process started it for its job already; the handles are kept until the process's job changes
+    (``ray.shutdown()`` and a new ``ray.init``), whichever executor object asks."""
     components = {name: [spec.placement for spec in runtime.specs] for name, runtime in running.items()
                   if name != request.name}
     components[request.name] = [spec.placement for spec in request.workers]
     nodes = {request.workers[rank].node.node_id for (name, rank) in shared_accelerators(components)
              if name == request.name}
+    job = ray.get_runtime_context().get_job_id()
     refs = []
-    for node_id in sorted(nodes - set(started)):
-        actor = host.options(name=ACTOR_PREFIX + node_id, get_if_exists=True,
-                             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
-        started[node_id] = actor
-        refs.append(actor.start.remote(node_id))
+    with _held_lock:
+        for ended in [other for other in _held if other != job]:
+            del _held[ended]  # an ended session's: its arbiters ended with its job
+        started = _held.setdefault(job, {})
+        for node_id in sorted(nodes - set(started)):
+            actor = host.options(name=ACTOR_PREFIX + node_id, get_if_exists=True,
+                                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+            started[node_id] = actor
+            refs.append(actor.start.remote(node_id))
     ray.get(refs)
 
 
