@@ -18,6 +18,8 @@ from limits import alarm
 from hwplace.plugin import manager as plugin_manager
 from hwplace.testing import Session, swapped_session
 
+pytest_plugins = ("runtime_clusters",)  # the two-executor cluster fixture of the runtime's tests
+
 FakeDistribution = Callable[..., Path]
 
 

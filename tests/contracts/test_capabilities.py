@@ -171,8 +171,9 @@ def test_a_swapped_session_is_used_inside_its_block_and_the_previous_one_after()
             inner.executor  # noqa: B018 (the property raises)
         with pytest.raises(hwplace.HwplaceError, match=r"WeightSync\.latest runs inside a worker"):
             inner.worker_context("WeightSync.latest")
-        made = inner.state("x", list)
-        assert inner.state("x", dict) is made  # made once
+        made: list[int] = inner.state("x", list)
+        again: object = inner.state("x", dict)
+        assert again is made  # made once
     assert hwplace.executor.session() is before
     with pytest.raises(RuntimeError, match="the block fails"), swapped_session():
         raise RuntimeError("the block fails")

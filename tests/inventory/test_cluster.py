@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import hwplace
 from hwplace.config.records import ClusterConfig, NodeGroup
+from hwplace.executor import BackendRegistry, ClusterSpec
 from hwplace.foundation.frozen import FrozenDict
 from hwplace.inventory.detection import detect_node_hardware
 from hwplace.plugin.manager import PluginManager
@@ -198,9 +199,9 @@ class ListedExecutor(hwplace.Executor):
 
     def __init__(self, nodes: list[hwplace.Node]) -> None:
         self.nodes = nodes
-        self.seen: list[tuple[ClusterConfig, PluginManager]] = []
+        self.seen: list[tuple[Any, Any]] = []
 
-    def discover(self, config: ClusterConfig, plugin_manager: PluginManager) -> list[hwplace.Node]:
+    def discover(self, config: ClusterSpec, plugin_manager: BackendRegistry) -> list[hwplace.Node]:
         self.seen.append((config, plugin_manager))
         return self.nodes
 

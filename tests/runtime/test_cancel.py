@@ -1,4 +1,4 @@
-"""Cancelling calls on two nodes, on each executor (tests/runtime/conftest.py): async methods are interrupted, plain
+"""Cancelling calls on two nodes, on each executor (tests/runtime_clusters.py): async methods are interrupted, plain
 ones are ended by force."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Channels between workers on two nodes of each executor (tests/runtime/conftest.py): names shared by driver and
+"""Channels between workers on two nodes of each executor (tests/runtime_clusters.py): names shared by driver and
 workers, producers and consumers on both nodes losing nothing, close, payloads across nodes, balanced batches. The
 Ray executor's own hosting (where its channel actors run, a killed actor, its object store) is tested in
 tests/plugins/ray/test_channels.py."""

@@ -1,4 +1,4 @@
-"""Messaging between workers of two groups on two nodes of each executor (tests/runtime/conftest.py; CPU tensors, gloo):
+"""Messaging between workers of two groups on two nodes of each executor (tests/runtime_clusters.py; CPU tensors, gloo):
 order per pair, pickled values, dtypes and shapes, broadcast over two groups, timeouts, a peer killed during a recv
 (with and without a timeout), a recv cancelled through its call's handle, a first use from two threads at once, a
 message the receiver cannot read."""

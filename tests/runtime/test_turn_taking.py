@@ -1,4 +1,4 @@
-"""Turns on shared accelerators, on two nodes of each executor (tests/runtime/conftest.py): trainer rank i and rollout
+"""Turns on shared accelerators, on two nodes of each executor (tests/runtime_clusters.py): trainer rank i and rollout
 rank i share fake accelerator i of node 0 (``rollout,trainer: 0-1``); ``solo`` has accelerator 0 of node 1 to itself.
 
 Each worker records what happens in its turns into a channel queue per accelerator. Records are put inside

@@ -1,4 +1,4 @@
-"""hwplace.WeightSync on two nodes of each executor (tests/runtime/conftest.py): the plan's transports, versions,
+"""hwplace.WeightSync on two nodes of each executor (tests/runtime_clusters.py): the plan's transports, versions,
 atomicity, load_into, and a corrupted bucket caught by its digest (the previous version kept)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 What is this executor's own, on a two-node process cluster with four fake accelerators per node: groups, rank
 order, failures and dead workers, handles, large channel items through its hub, pickling into workers, leases
 and status, and no process left behind. Cancellation, channels between workers, weight sync, messaging and turns
-run on it, as on Ray, in the runtime's tests (tests/runtime/conftest.py).
+run on it, as on Ray, in the runtime's tests (tests/runtime_clusters.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import hwplace
-from hwplace.executor import current_executor
+from hwplace.executor import Leases, Rendezvous, current_executor, require
 from hwplace.testing import ProcessExecutor, process_cluster
 
 pytestmark = pytest.mark.time_limit(240)  # a call that never answers fails its test rather than hangs
@@ -75,13 +75,13 @@ class Echo(hwplace.Worker):
         executor = current_executor()
         entry = executor.find_group(self.group_name)
         assert entry is not None
-        executor.kv_put(f"from-{self.rank}", b"hello")
+        require(executor, Rendezvous).kv_put(f"from-{self.rank}", b"hello")
         return executor.name, executor.where(), [p.rank for p in entry.placements]
 
     def lease(self, record: Any) -> str:
         """Register a group as a second job would (this process's own), and say what the lease book answered."""
         try:
-            current_executor().register_group(record)
+            require(current_executor(), Leases).register_group(record)
         except hwplace.PlacementError as exc:
             return f"PlacementError: {exc}"
         return "leased"
@@ -214,7 +214,7 @@ def test_channels_carry_items_between_groups_and_large_ones_by_reference(cluster
             hwplace.Channel.create("items")
         with pytest.raises(hwplace.ConfigError, match="there is no channel named 'itmes'"):
             hwplace.Channel.connect("itmes")
-        assert [c["name"] for c in cluster.executor().cluster_status(None)["channels"]] == ["items"]
+        assert [c["name"] for c in require(cluster.executor(), Leases).cluster_status(None)["channels"]] == ["items"]
         channel.close()
         with pytest.raises(hwplace.ChannelClosed, match="the channel is closed"):
             channel.get(timeout=1)
@@ -236,9 +236,9 @@ def test_the_executor_pickles_into_workers_and_works_there(group: hwplace.Worker
     assert [a[0] for a in answers] == ["processes"] * 2
     assert {a[1] for a in answers} == {cluster.executor().where()}
     assert [a[2] for a in answers] == [[0, 1]] * 2
-    assert cluster.executor().kv_wait("from-1", 60) == b"hello"
+    assert require(cluster.executor(), Rendezvous).kv_wait("from-1", 60) == b"hello"
     with pytest.raises(TimeoutError, match=r"no process published 'nobody' within 0\.01 s"):
-        cluster.executor().kv_wait("nobody", 0.01)
+        require(cluster.executor(), Rendezvous).kv_wait("nobody", 0.01)
     assert pickle.loads(pickle.dumps(cluster.executor())).find_group(group.name) is not None
 
 
@@ -247,7 +247,7 @@ def test_leases_and_status(group: hwplace.WorkerGroup, cluster: hwplace.Cluster)
     plan = hwplace.ComponentPlacement(CONFIG, cluster)
     trainer = Echo.create_group().launch(cluster, plan.get_strategy("trainer"), name="leaser")
     try:
-        status = executor.cluster_status(None)
+        status = require(executor, Leases).cluster_status(None)
         assert set(status) == {"cluster", "jobs", "groups", "leases", "channels"}
         assert [n["alive"] for n in status["cluster"]["nodes"]] == [True, True]
         assert [j["name"] for j in status["jobs"]] == ["process-tests"]
@@ -266,10 +266,10 @@ def test_leases_and_status(group: hwplace.WorkerGroup, cluster: hwplace.Cluster)
         with pytest.raises(hwplace.ConfigError, match="a worker group named 'leaser' is running"):
             Echo.create_group().launch(cluster, plan.get_strategy("trainer"), name="leaser")
         with pytest.raises(hwplace.ConfigError, match="is not this process cluster"):
-            executor.cluster_status("10.0.0.1:6379")
+            require(executor, Leases).cluster_status("10.0.0.1:6379")
     finally:
         trainer.shutdown()
-    assert "leaser" not in {g["group"] for g in executor.cluster_status(None)["groups"]}
+    assert "leaser" not in {g["group"] for g in require(executor, Leases).cluster_status(None)["groups"]}
 
 
 def _alive(pid: int) -> bool:

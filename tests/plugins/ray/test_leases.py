@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import hwplace
-from hwplace.executor import DeviceLease, GroupRecord, LeaseBook, WorkerRecord
+from hwplace.executor import DeviceLease, GroupRecord, LeaseBook, Leases, WorkerRecord, require
 from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 # -- the book, without Ray ------------------------------------------------------------------------------------
@@ -149,9 +149,10 @@ def test_a_device_another_job_holds_is_refused_until_its_driver_is_killed(holder
     trainer = Idle.create_group().launch(cluster, placement.get_strategy("trainer"), name="trainer")  # colocated
     try:
         assert rollout.rank_here().wait() == trainer.rank_here().wait() == [0]
-        leases = cluster.executor().cluster_status(None)["leases"]
+        leases = require(cluster.executor(), Leases).cluster_status(None)["leases"]
         assert sorted(lease["group"] for lease in leases if lease["index"] == 3) == ["rollout", "trainer"]
     finally:
         rollout.shutdown()
         trainer.shutdown()
-    assert not [lease for lease in cluster.executor().cluster_status(None)["leases"] if lease["index"] == 3]
+    status = require(cluster.executor(), Leases).cluster_status(None)
+    assert not [lease for lease in status["leases"] if lease["index"] == 3]

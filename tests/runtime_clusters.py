@@ -1,10 +1,12 @@
-"""The runtime's end-to-end tests run against both executors: Ray (the session's local two-node Ray cluster) and
-hwplace's own process executor (``hwplace.testing.process_cluster``, two simulated nodes of child processes).
+"""The ``cluster`` fixture, with which the runtime's end-to-end tests (tests/runtime/) run against both executors: Ray
+(the session's local two-node Ray cluster) and hwplace's own process executor (``hwplace.testing.process_cluster``,
+two simulated nodes of child processes).
 
-A module asks for the ``cluster`` fixture and may set ``CLUSTER`` to the ``cluster:`` section it needs (default
-``{"num_nodes": 2}``); every test of it then runs once per executor, each in a session of its own
-(``hwplace.testing.swapped_session``), so channels and weight syncs created without ``cluster=`` reach that
-executor. The executor is the test id's first part: ``test_x[ray]``, ``test_x[processes]``.
+Loaded for the whole suite by tests/conftest.py (``pytest_plugins``; one conftest, so that mypy sees one module of
+that name). A module asks for the ``cluster`` fixture and may set ``CLUSTER`` to the ``cluster:`` section it needs
+(default ``{"num_nodes": 2}``); every test of it then runs once per executor, each in a session of its own
+(``hwplace.testing.swapped_session``), so channels and weight syncs created without ``cluster=`` reach that executor.
+The executor is the test id's first part: ``test_x[ray]``, ``test_x[processes]``.
 """
 
 from __future__ import annotations
