@@ -45,11 +45,17 @@ from hwplace.contracts.registry import DeviceLease, GroupRecord, LeaseConflict, 
 from hwplace.foundation.settings import read_quiet_workers as quiet_workers
 from hwplace.foundation.timeouts import wait_timeout
 from hwplace.inventory.detection import detect_here
-from hwplace.inventory.leases import LeaseBook
+from hwplace.inventory.leases import LeaseBook, lease_refusal
 from hwplace.planning.sharing import Share, shared_accelerators
 from hwplace.plugin.detection import detect_timeout
 from hwplace.plugin.session import Session, current_executor, session, swapped_session
-from hwplace.runtime.hosting import RemoteFailure, run_method, run_method_async, start_worker
+from hwplace.runtime.hosting import (
+    RemoteFailure,
+    run_method,
+    run_method_async,
+    start_worker,
+    unpicklable_arguments,
+)
 from hwplace.runtime.turns.arbiter import TurnServer
 
 __all__ = [
@@ -88,6 +94,7 @@ __all__ = [
     "current_executor",
     "detect_here",
     "detect_timeout",
+    "lease_refusal",
     "quiet_workers",
     "require",
     "run_method",
@@ -96,5 +103,6 @@ __all__ = [
     "shared_accelerators",
     "start_worker",
     "swapped_session",
+    "unpicklable_arguments",
     "wait_timeout",
 ]

@@ -8,11 +8,12 @@ Groups of one job may share devices; a device another live job holds is a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
 from hwplace.contracts.registry import GroupRecord, LeaseConflict
+from hwplace.foundation.errors import PlacementError
 
 
 class LeaseBook:
@@ -100,3 +101,12 @@ class LeaseBook:
                 for job_id, info in sorted(self.jobs.items())]
         return {"jobs": jobs, "groups": groups, "leases": leases,
                 "channels": [dict(c) for _, c in sorted(self.channels.items())]}
+
+
+def lease_refusal(group: str, conflicts: Sequence[LeaseConflict]) -> PlacementError:
+    """The :class:`PlacementError` for a group that cannot start because other jobs hold its devices: the first
+    three conflicts (device, node, holder), how many more, and what to do."""
+    more = f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else ""
+    return PlacementError(f"group {group!r} cannot start: " + "; ".join(c.describe() for c in conflicts[:3]) + more
+                          + "; a device is leased to one job at a time: wait until that job ends or shuts its group "
+                          "down, or place this component on other devices (hwplace status lists the leases)")

@@ -14,7 +14,7 @@ import os
 import pickle
 import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,3 +137,27 @@ async def run_method_async(worker: Worker, method: str, args: tuple[Any, ...], k
         raise
     except BaseException as exc:
         return RemoteFailure.capture(exc)
+
+
+def unpicklable_arguments(what: str, group: str, ranks: Sequence[int], args: tuple[Any, ...],
+                          kwargs: Mapping[str, Any], dumps: Callable[[Any], Any], error: BaseException) -> WorkerError:
+    """The :class:`WorkerError` for a call whose arguments the executor could not pickle (``error``): it names the
+    first argument ``dumps`` (the executor's own pickler) refuses, and its type, or says the arguments as a whole."""
+    named = [(f"argument {i}", v) for i, v in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+    for name, value in named:
+        try:
+            dumps(value)
+        except Exception as cause:  # whatever pickling raises names the culprit
+            problem = f"{name}, a {type(value).__module__}.{type(value).__qualname__}, cannot be pickled " \
+                      f"({_first_line(cause)})"
+            break
+    else:
+        problem = f"its arguments cannot be pickled ({_first_line(error)})"
+    where = "" if len(ranks) == 1 else f" to ranks {', '.join(map(str, ranks))}"
+    return WorkerError(f"{what} was not sent{where}: {problem}; pass plain data, arrays or tensors, or objects "
+                       "that pickle", group=group, rank=ranks[0] if len(ranks) == 1 else None)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(error).__name__

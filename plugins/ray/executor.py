@@ -32,6 +32,7 @@ from hwplace.executor import (
     TurnAddress,
     TurnArbitration,
     detect_timeout,
+    lease_refusal,
 )
 from hwplace_plugins.ray.connect import connect, connected, import_ray
 from hwplace_plugins.ray.local_cluster import local_ray_cluster
@@ -229,12 +230,7 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
             self._refuse_running(record.group)
         conflicts = self._ask(self.registry().register_group.remote(self._job(record.job_name), record))
         if conflicts:
-            more = f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else ""
-            raise PlacementError(f"group {record.group!r} cannot start: "
-                                 + "; ".join(c.describe() for c in conflicts[:3]) + more
-                                 + "; a device is leased to one job at a time: wait until that job ends or shuts "
-                                 "its group down, or place this component on other devices (hwplace status "
-                                 "lists the leases)")
+            raise lease_refusal(record.group, conflicts)
 
     def deregister_group(self, group: str) -> None:
         ray = import_ray()

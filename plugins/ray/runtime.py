@@ -33,6 +33,7 @@ from hwplace.executor import (
     run_method,
     run_method_async,
     start_worker,
+    unpicklable_arguments,
     wait_timeout,
 )
 from hwplace_plugins.ray.orphans import exit_with_raylet
@@ -239,19 +240,7 @@ def _pickled(group: str, ranks: Sequence[int], what: str, args: tuple[Any, ...],
     try:
         yield
     except (TypeError, PicklingError) as exc:
-        named = [(f"argument {i}", v) for i, v in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
-        for name, value in named:
-            try:
-                cloudpickle.dumps(value)  # type: ignore[no-untyped-call]
-            except Exception as cause:  # whatever pickling raises names the culprit
-                problem = f"{name}, a {type(value).__module__}.{type(value).__qualname__}, cannot be pickled " \
-                          f"({first_line(cause)})"
-                break
-        else:
-            problem = f"its arguments cannot be pickled ({first_line(exc)})"
-        where = "" if len(ranks) == 1 else f" to ranks {', '.join(map(str, ranks))}"
-        raise WorkerError(f"{what} was not sent{where}: {problem}; pass plain data, arrays or tensors, or objects "
-                          "that pickle", group=group, rank=ranks[0] if len(ranks) == 1 else None) from None
+        raise unpicklable_arguments(what, group, ranks, args, kwargs, cloudpickle.dumps, exc) from None
 
 
 def first_line(error: BaseException) -> str:

@@ -28,8 +28,9 @@ from hwplace.contracts.capabilities import (
 from hwplace.contracts.executor import BackendRegistry, ClusterSpec, Executor, GroupEntry, GroupRequest, GroupRuntime
 from hwplace.contracts.records import Node, Placement
 from hwplace.contracts.registry import GroupRecord
-from hwplace.foundation.errors import ConfigError, HwplaceError, PlacementError
+from hwplace.foundation.errors import ConfigError, HwplaceError
 from hwplace.foundation.settings import FAKE_ACCELERATORS, NODE_RANK, read_node_rank
+from hwplace.inventory.leases import lease_refusal
 from hwplace.inventory.offline import accelerator_counts
 from hwplace.planning.sharing import shared_accelerators
 from hwplace.testing.processes.hub import Hub
@@ -211,12 +212,7 @@ class ProcessExecutor(Executor, ChannelHosting, Rendezvous, Leases, TurnArbitrat
             self._refuse_running(record.group)
         conflicts = self._hub().call("register_group", self._job(record.job_name), record)
         if conflicts:
-            more = f"; and {len(conflicts) - 3} more" if len(conflicts) > 3 else ""
-            raise PlacementError(f"group {record.group!r} cannot start: "
-                                 + "; ".join(c.describe() for c in conflicts[:3]) + more
-                                 + "; a device is leased to one job at a time: wait until that job ends or shuts "
-                                 "its group down, or place this component on other devices (hwplace status "
-                                 "lists the leases)")
+            raise lease_refusal(record.group, conflicts)
 
     def deregister_group(self, group: str) -> None:
         if self._address is None:

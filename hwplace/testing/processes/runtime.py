@@ -22,16 +22,12 @@ from hwplace.contracts.executor import GroupRequest, GroupRuntime, Handle
 from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import CallCancelled, HwplaceError, WorkerError
 from hwplace.foundation.timeouts import wait_timeout
+from hwplace.runtime.hosting import unpicklable_arguments
 from hwplace.testing.processes.service import HubService
 from hwplace.testing.processes.wire import dumps
 from hwplace.testing.processes.workers import Outcome, WorkerProcess
 
 EXECUTOR_NAME = "processes"
-
-
-def first_line(error: BaseException) -> str:
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return lines[0].strip() if lines else type(error).__name__
 
 
 @contextlib.contextmanager
@@ -41,19 +37,7 @@ def _pickled(group: str, ranks: Sequence[int], what: str, args: tuple[Any, ...],
     try:
         yield
     except Exception as exc:
-        named = [(f"argument {i}", v) for i, v in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
-        for name, value in named:
-            try:
-                dumps(value)
-            except Exception as cause:  # whatever pickling raises names the culprit
-                problem = f"{name}, a {type(value).__module__}.{type(value).__qualname__}, cannot be pickled " \
-                          f"({first_line(cause)})"
-                break
-        else:
-            problem = f"its arguments cannot be pickled ({first_line(exc)})"
-        where = "" if len(ranks) == 1 else f" to ranks {', '.join(map(str, ranks))}"
-        raise WorkerError(f"{what} was not sent{where}: {problem}; pass plain data, arrays or tensors, or objects "
-                          "that pickle", group=group, rank=ranks[0] if len(ranks) == 1 else None) from None
+        raise unpicklable_arguments(what, group, ranks, args, kwargs, dumps, exc) from None
 
 
 def _main_path(worker_class: type) -> str | None:
