@@ -19,6 +19,7 @@ from hwplace.channels.queues import QueueStats
 from hwplace.config.job_config import JobConfig, parse_job_config
 from hwplace.config.loading import load_config
 from hwplace.config.records import ClusterConfig, NodeGroup
+from hwplace.config.restart import Restart
 from hwplace.config.section import parse_cluster_config
 from hwplace.contracts.executor import Executor, Handle, Pending
 from hwplace.contracts.hardware import Device, HardwareBackend, NoDevices
@@ -51,6 +52,7 @@ from hwplace.plugin.manager import PluginManager
 from hwplace.plugin.session import get_plugin_manager
 from hwplace.runtime.group import WorkerGroup
 from hwplace.runtime.messaging.pair import MessageHandle
+from hwplace.runtime.restarts import RankStatus
 from hwplace.runtime.weight_sync.buckets import Weights
 from hwplace.runtime.weight_sync.sync import WeightSync
 from hwplace.runtime.worker import Worker
@@ -92,6 +94,8 @@ __all__ = [
     "PluginError",
     "PluginManager",
     "QueueStats",
+    "RankStatus",
+    "Restart",
     "WeightSync",
     "WeightSyncError",
     "Weights",

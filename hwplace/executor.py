@@ -2,7 +2,8 @@
 
 Subclass :class:`Executor` (and :class:`GroupRuntime`, :class:`Handle`) for the core every executor has, and
 the capabilities it offers besides (:class:`ChannelHosting` with an :class:`ObjectStore`, :class:`Rendezvous`,
-:class:`Leases`, :class:`TurnArbitration`, :class:`LocalClusters`); on each node run :func:`detect_here`; in each
+:class:`Leases`, :class:`TurnArbitration`, :class:`LocalClusters`, :class:`Restarts` with
+:class:`Incarnations`); on each node run :func:`detect_here`; in each
 worker process host the worker with :func:`start_worker` and :func:`run_method` / :func:`run_method_async`;
 serve a channel with :class:`ChannelServer` and turns with :class:`TurnServer`; check a ``Handle.wait``'s
 timeout with :func:`wait_timeout`; :func:`quiet_workers` says whether to keep workers' output off the
@@ -22,6 +23,7 @@ from hwplace.contracts.capabilities import (
     LocalClusters,
     ObjectStore,
     Rendezvous,
+    Restarts,
     TurnAddress,
     TurnArbitration,
     capabilities_of,
@@ -56,6 +58,7 @@ from hwplace.runtime.hosting import (
     start_worker,
     unpicklable_arguments,
 )
+from hwplace.runtime.restarts import Incarnations
 from hwplace.runtime.turns.arbiter import TurnServer
 
 __all__ = [
@@ -73,6 +76,7 @@ __all__ = [
     "GroupRequest",
     "GroupRuntime",
     "Handle",
+    "Incarnations",
     "LeaseBook",
     "LeaseConflict",
     "Leases",
@@ -81,6 +85,7 @@ __all__ = [
     "Pending",
     "RemoteFailure",
     "Rendezvous",
+    "Restarts",
     "Session",
     "Share",
     "TurnAddress",

@@ -22,6 +22,7 @@ from typing import Any, TextIO, TypeVar
 from hwplace.application.notes import print_notes
 from hwplace.application.report import print_cluster, print_plan, print_sync_plans, sync_plans
 from hwplace.config.job_config import JobConfig, parse_job_config
+from hwplace.config.restart import Restart
 from hwplace.contracts.capabilities import Leases
 from hwplace.foundation.errors import ConfigError, PlacementError
 from hwplace.foundation.wording import did_you_mean, plural, safe_repr
@@ -70,14 +71,16 @@ class Job:
         return SimpleNamespace(**values)
 
     def launch(self, worker_class: type[W], component: str, *args: Any, name: str | None = None,
-               isolate_accelerator: bool = True, **kwargs: Any) -> WorkerGroup:
+               isolate_accelerator: bool = True, restart: Restart | None = None, **kwargs: Any) -> WorkerGroup:
         """Launch ``worker_class(*args, **kwargs)`` on every process of ``component``'s placement.
 
-        The group is named after the component unless ``name`` is given, and is shut down with the job.
+        The group is named after the component unless ``name`` is given, and is shut down with the job. It
+        restarts as the config's ``restart:`` section says for the component, unless ``restart`` is given.
         """
+        policy = restart if restart is not None else self.placement.job.restart.get(component)
         group = worker_class.create_group(*args, **kwargs).launch(
             self.cluster, self.placement.get_strategy(component), name=name or component,
-            isolate_accelerator=isolate_accelerator)
+            isolate_accelerator=isolate_accelerator, restart=policy)
         self.groups[group.name] = group
         return group
 

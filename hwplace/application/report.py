@@ -57,8 +57,10 @@ def print_plan(plan: ComponentPlacement, out: TextIO) -> None:
     for name in plan.components:
         spec = plan.spec(name)
         placements = plan.get_placements(name)
+        policy = plan.job.restart.get(name)
+        restarts = f", restarts in place: {policy.describe()}" if policy is not None else ""
         out.write(f"{name}: {plural(len(placements), 'process', 'processes')} on group "
-                  f"{'+'.join(spec.node_groups)}, placement {spec.placement!r}\n")
+                  f"{'+'.join(spec.node_groups)}, placement {spec.placement!r}{restarts}\n")
         settings = [group_settings(plan, p) for p in placements]
         show_env = any(env for env, _ in settings)
         show_python = any(python for _, python in settings)
@@ -127,6 +129,7 @@ def plan_json(plan: ComponentPlacement) -> dict[str, Any]:
                 "placement": plan.spec(name).placement,
                 "world_size": plan.get_world_size(name),
                 "placements": [placement(p, name) for p in plan.get_placements(name)],
+                "restart": dataclasses.asdict(plan.job.restart[name]) if name in plan.job.restart else None,
             }
             for name in plan.components
         },

@@ -3,11 +3,12 @@
 The sections hwplace reads become records: ``cluster:`` a :class:`~hwplace.ClusterConfig`
 (:mod:`hwplace.config.section`), ``weight_sync:`` a tuple of :class:`~hwplace.config.weight_sync.SyncSpec`
 (:mod:`hwplace.config.weight_sync`), ``resources:`` a tuple of :class:`~hwplace.config.resources.ComponentResources`
-(:mod:`hwplace.config.resources`). The whole file is also kept as written, read-only, in ``raw``: ``job:`` and
+(:mod:`hwplace.config.resources`), ``restart:`` a :class:`~hwplace.Restart` per component
+(:mod:`hwplace.config.restart`). The whole file is also kept as written, read-only, in ``raw``: ``job:`` and
 any section of the job's own (``model:``, ...), which hwplace does not refuse. Planning and the runtime receive
 this record, never the raw mapping, so the file is read and checked once.
 
-A new section (``restart:``): its parser and records in a module of their own in this package,
+A new section: its parser and records in a module of their own in this package,
 a field of :class:`JobConfig` with an empty default, and one line in :func:`parse_job_config` that parses it.
 
 Imports the layers below and the other modules of :mod:`hwplace.config`.
@@ -23,6 +24,7 @@ from typing import Any
 from hwplace.config.loading import load_config
 from hwplace.config.records import ClusterConfig
 from hwplace.config.resources import ComponentResources, parse_resources
+from hwplace.config.restart import Restart, parse_restart
 from hwplace.config.section import cluster_section, parse_cluster_config
 from hwplace.config.weight_sync import SyncSpec, parse_weight_sync
 from hwplace.foundation.errors import ConfigError
@@ -33,8 +35,8 @@ from hwplace.plugin.manager import PluginManager
 
 @dataclass(frozen=True)
 class JobConfig:
-    """A job file, parsed: ``cluster``, ``weight_sync`` and ``resources`` as records, and the whole file,
-    read-only, as ``raw``.
+    """A job file, parsed: ``cluster``, ``weight_sync``, ``resources`` and ``restart`` (a policy per component)
+    as records, and the whole file, read-only, as ``raw``.
 
     ``raw`` holds every top-level section as written (``cluster:`` and ``weight_sync:`` too), its mappings as
     read-only dicts and its lists as tuples; :meth:`to_dict` gives a plain, mutable copy.
@@ -44,6 +46,7 @@ class JobConfig:
     weight_sync: tuple[SyncSpec, ...] = ()
     raw: Mapping[str, Any] = field(default_factory=FrozenDict)
     resources: tuple[ComponentResources, ...] = ()
+    restart: Mapping[str, Restart] = field(default_factory=FrozenDict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.cluster, ClusterConfig):
@@ -53,6 +56,7 @@ class JobConfig:
             raise ConfigError("", "the raw job file is a mapping of its top-level sections", value=self.raw)
         object.__setattr__(self, "weight_sync", tuple(self.weight_sync))
         object.__setattr__(self, "resources", tuple(self.resources))
+        object.__setattr__(self, "restart", FrozenDict(self.restart))
         object.__setattr__(self, "raw", _frozen(self.raw))
 
     def to_dict(self) -> dict[str, Any]:
@@ -81,7 +85,8 @@ def parse_job_config(
     # One line per section hwplace reads, each parsed by its own module, in the order its errors should surface.
     weight_sync = parse_weight_sync(raw.get("weight_sync"), list(cluster.components))
     resources = parse_resources(raw.get("resources"), list(cluster.components))
-    return JobConfig(cluster, weight_sync, raw, resources)
+    restart = parse_restart(raw.get("restart"), list(cluster.components))
+    return JobConfig(cluster, weight_sync, raw, resources, restart)
 
 
 def _frozen(value: Any) -> Any:

@@ -11,7 +11,9 @@ these classes beside :class:`Executor`:
   ``hwplace status``;
 - :class:`TurnArbitration`: a turn arbiter on each node where groups share accelerators (``Worker.turn``);
 - :class:`LocalClusters`: starts a throwaway multi-node cluster on this machine (``hwplace run --nodes``,
-  ``hwplace.testing.local_ray_cluster``).
+  ``hwplace.testing.local_ray_cluster``);
+- :class:`Restarts`: notices a worker process's death and starts it again in place (``launch(...,
+  restart=hwplace.Restart(...))``, SPEC §12).
 
 A feature that needs one calls :func:`require` where it starts (``Channel.create``, ``WeightSync.create``,
 ``launch``), so an executor without it is a :class:`~hwplace.errors.PluginError` naming the executor and the
@@ -26,6 +28,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from hwplace.contracts.executor import GroupRuntime, Handle
 from hwplace.contracts.records import Placement
 from hwplace.contracts.registry import GroupRecord
 from hwplace.foundation.errors import PluginError
@@ -178,7 +181,30 @@ class LocalClusters(Capability):
         raise NotImplementedError(f"{type(self).__name__}.local_cluster")
 
 
-CAPABILITIES: tuple[type[Capability], ...] = (ChannelHosting, Rendezvous, Leases, TurnArbitration, LocalClusters)
+class Restarts(Capability):
+    """Notices when a worker process of a group it started dies, and starts it again in place."""
+
+    feature: ClassVar[str] = "restart workers in place (launch(..., restart=hwplace.Restart(...)))"
+    methods: ClassVar[tuple[str, ...]] = ("watch", "restart")
+
+    def watch(self, runtime: GroupRuntime, on_death: Callable[[int, str], bool]) -> None:
+        """From now on, call ``on_death(rank, cause)`` once for each process of ``runtime`` (a group this
+        executor started) that dies of any cause, except those that ``shutdown`` or :meth:`restart` stop: from a
+        thread of the executor's own, as soon as the death is seen, by a watcher or by a call the death ended,
+        whichever comes first. ``on_death`` answers whether the rank will be restarted; the ``WorkerError`` of
+        each call that the death ended carries that answer as ``restarted``."""
+        raise NotImplementedError(f"{type(self).__name__}.watch")
+
+    def restart(self, runtime: GroupRuntime, ranks: Sequence[int], attempt: int, cause: str) -> Handle:
+        """Start each rank of ``ranks`` again from its :class:`~hwplace.contracts.executor.WorkerSpec`: the same
+        node, devices, environment and constructor arguments, with ``WorkerContext.attempt`` and ``cause`` set
+        (a process of those ranks still alive is stopped first). Calls made from now on reach the new processes.
+        Returns a handle on their constructors, as ``GroupRuntime.ready`` does."""
+        raise NotImplementedError(f"{type(self).__name__}.restart")
+
+
+CAPABILITIES: tuple[type[Capability], ...] = (ChannelHosting, Rendezvous, Leases, TurnArbitration, LocalClusters,
+                                              Restarts)
 
 C = TypeVar("C", bound=Capability)
 

@@ -65,7 +65,8 @@ class Placement:
 @dataclass(frozen=True)
 class WorkerContext:
     """Who a worker is: its group, rank, group size, placement, the environment hwplace set for it, and the
-    name of the executor running it (its channels are started through that executor)."""
+    name of the executor running it (its channels are started through that executor). ``attempt`` counts the
+    restarts in place of this rank (0: its first process) and ``cause`` says why the last one ended."""
 
     group: str
     rank: int
@@ -73,3 +74,15 @@ class WorkerContext:
     placement: Placement
     env: Mapping[str, str]
     executor: str = ""
+    attempt: int = 0
+    cause: str = ""
+
+
+@dataclass(frozen=True)
+class RestartInfo:
+    """What ``Worker.on_restart(info)`` is told: its ``rank``, the ``attempt`` (1 for the first restart) and the
+    ``cause`` of the death it replaces."""
+
+    rank: int
+    attempt: int
+    cause: str

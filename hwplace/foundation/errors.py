@@ -99,7 +99,8 @@ class WorkerError(HwplaceError, RuntimeError):
     """A worker's constructor or method raised, or its process died.
 
     ``group`` and ``rank`` name the worker, ``node_rank`` its node, and ``remote_traceback`` is the traceback
-    as formatted in the worker (``None`` when the process died without one).
+    as formatted in the worker (``None`` when the process died without one). ``restarted`` is true when the
+    process died and its group restarts it in place (SPEC §12): calls made after the restart reach the new one.
     """
 
     def __init__(
@@ -110,8 +111,10 @@ class WorkerError(HwplaceError, RuntimeError):
         rank: int | None = None,
         node_rank: int | None = None,
         remote_traceback: str | None = None,
+        restarted: bool = False,
     ) -> None:
         self.problem = problem
+        self.restarted = restarted
         self.group = group
         self.rank = rank
         self.node_rank = node_rank
@@ -129,13 +132,16 @@ class WorkerError(HwplaceError, RuntimeError):
         super().__init__(message)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuild_worker_error, (self.problem, self.group, self.rank, self.node_rank, self.remote_traceback)
+        return _rebuild_worker_error, (self.problem, self.group, self.rank, self.node_rank, self.remote_traceback,
+                                       self.restarted)
 
 
 def _rebuild_worker_error(
-    problem: str, group: str | None, rank: int | None, node_rank: int | None, remote_traceback: str | None
+    problem: str, group: str | None, rank: int | None, node_rank: int | None, remote_traceback: str | None,
+    restarted: bool = False,
 ) -> WorkerError:
-    return WorkerError(problem, group=group, rank=rank, node_rank=node_rank, remote_traceback=remote_traceback)
+    return WorkerError(problem, group=group, rank=rank, node_rank=node_rank, remote_traceback=remote_traceback,
+                       restarted=restarted)
 
 
 class CallCancelled(HwplaceError):

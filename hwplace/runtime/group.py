@@ -11,7 +11,8 @@ from dataclasses import replace
 from typing import Any
 
 from hwplace.config.records import NodeGroup
-from hwplace.contracts.capabilities import Leases, TurnArbitration, require
+from hwplace.config.restart import Restart
+from hwplace.contracts.capabilities import Leases, Restarts, TurnArbitration, require
 from hwplace.contracts.executor import GroupRequest, GroupRuntime, Handle, WorkerSpec
 from hwplace.contracts.records import Placement
 from hwplace.contracts.registry import IDENTITY_PROPERTIES, DeviceLease, GroupRecord, WorkerRecord
@@ -21,6 +22,7 @@ from hwplace.inventory.cluster import Cluster
 from hwplace.planning.sharing import shared_accelerators
 from hwplace.planning.strategies import PlacementStrategy
 from hwplace.plugin.session import session
+from hwplace.runtime.restarts import RankStatus, Supervisor
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
 PROGRESS_FROM = 8  # groups of at least this many workers show launch progress on a terminal
@@ -106,12 +108,15 @@ class GroupLauncher:
         placement_strategy: PlacementStrategy,
         name: str,
         isolate_accelerator: bool = True,
+        restart: Restart | None = None,
     ) -> WorkerGroup:
         """Start one worker per placement of ``placement_strategy`` on ``cluster``; returns when all are constructed.
 
-        A name in use is a ``ConfigError``; a device (accelerator, robot) that a group of another live job on
-        the cluster holds is a ``PlacementError`` naming it, its node and the holder; a constructor that raises
-        makes this raise ``WorkerError`` with its rank and traceback, after stopping the group's other workers.
+        ``restart`` (a :class:`hwplace.Restart`) starts a worker whose process dies again in place, on the same
+        node and devices, while restarts are left (SPEC §12). A name in use is a ``ConfigError``; a device
+        (accelerator, robot) that a group of another live job on the cluster holds is a ``PlacementError`` naming
+        it, its node and the holder; a constructor that raises makes this raise ``WorkerError`` with its rank and
+        traceback, after stopping the group's other workers.
         """
         if not isinstance(cluster, Cluster):
             raise ConfigError("cluster", f"{safe_repr(cluster)} is not a hwplace.Cluster")
@@ -121,8 +126,14 @@ class GroupLauncher:
         if not isinstance(name, str) or not GROUP_NAME.match(name):
             raise ConfigError("name", f"{safe_repr(name)} is not a usable group name",
                               allowed="1 to 100 letters, digits, '_', '.' and '-', starting with a letter or digit")
+        if restart is not None and not isinstance(restart, Restart):
+            raise ConfigError("restart", f"{safe_repr(restart)} is not a restart policy",
+                              allowed="hwplace.Restart(max_restarts=3, scope='rank'), or None")
         executor = cluster.executor()
         leases = require(executor, Leases, f"launching group {name!r}")
+        if restart is not None and restart.max_restarts:
+            require(executor, Restarts, f"launching group {name!r} with restarts")
+        watcher = executor if isinstance(executor, Restarts) else None  # status() shows deaths with or without
         placements = placement_strategy.get_placement(cluster, isolate_accelerator)
         if not placements:
             raise PlacementError(f"group {name!r}: the strategy places no process")
@@ -148,12 +159,14 @@ class GroupLauncher:
             leases.deregister_group(name)
             raise
         running[name] = tuple(placements)
+        supervisor = Supervisor(name, placements, restart, watcher, runtime)
+        supervisor.start()
 
         def release() -> None:
             running.pop(name, None)
             leases.deregister_group(name)
 
-        return WorkerGroup(name, self.worker_class, tuple(placements), runtime, release=release)
+        return WorkerGroup(name, self.worker_class, tuple(placements), runtime, release=release, supervisor=supervisor)
 
 
 def _wait_ready(handle: Handle, name: str, count: int) -> None:
@@ -192,8 +205,10 @@ class WorkerGroup:
         runtime: GroupRuntime,
         ranks: tuple[int, ...] | None = None,
         release: Callable[[], None] | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.name = name
+        self._supervisor = supervisor or Supervisor(name, placements, None, None, runtime)
         self.worker_class = worker_class
         self.placements = placements
         self._runtime = runtime
@@ -213,7 +228,8 @@ class WorkerGroup:
             if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
                 raise WorkerError(f"execute_on got rank {safe_repr(rank)}; the group has ranks "
                                   f"0-{self.world_size - 1}", group=self.name)
-        view = WorkerGroup(self.name, self.worker_class, self.placements, self._runtime, tuple(ranks), self._release)
+        view = WorkerGroup(self.name, self.worker_class, self.placements, self._runtime, tuple(ranks), self._release,
+                           self._supervisor)
         view._closed = self._closed
         return view
 
@@ -230,16 +246,26 @@ class WorkerGroup:
         def call(*args: Any, **kwargs: Any) -> Handle:
             if self._closed[0]:
                 raise WorkerError(f"cannot call {method!r}: the group was shut down", group=self.name)
+            failure = self._supervisor.failure
+            if failure is not None:
+                raise WorkerError(f"cannot call {method!r}: {failure.problem}", group=self.name, rank=failure.rank,
+                                  node_rank=failure.node_rank)
             return self._runtime.call(self.ranks, method, args, kwargs)
 
         call.__name__ = method
         return call
+
+    def status(self) -> list[RankStatus]:
+        """Each rank's state (``serving``, ``restarting`` or ``dead``), the restarts it used and its last death's
+        cause, in rank order (of every rank, whatever ``execute_on`` narrowed)."""
+        return self._supervisor.status()
 
     def shutdown(self) -> None:
         """Stop every worker of the group (calls in flight fail), free its name and end its device leases; a
         second call does nothing."""
         if not self._closed[0]:
             self._closed[0] = True
+            self._supervisor.close()
             try:
                 self._runtime.shutdown()
             finally:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hwplace.contracts.records import WorkerContext
+from hwplace.contracts.records import RestartInfo, WorkerContext
 from hwplace.foundation.errors import WorkerError
 from hwplace.foundation.settings import read_log_level
 from hwplace.plugin.session import session
@@ -77,8 +77,9 @@ def start_worker(
 ) -> Worker | RemoteFailure:
     """Host a worker in this process: set its environment, then load its class and construct it.
 
-    The environment is set before ``load_class`` runs, so modules the class imports see it. Anything the
-    loading or the constructor raises comes back as a :class:`RemoteFailure`.
+    The environment is set before ``load_class`` runs, so modules the class imports see it. A restarted rank
+    (``context.attempt`` above 0) then runs ``on_restart(info)`` when its class defines it. Anything the
+    loading, the constructor or ``on_restart`` raises comes back as a :class:`RemoteFailure`.
     """
     os.environ.update(context.env)
     here = session()
@@ -93,6 +94,9 @@ def start_worker(
         worker = cls.__new__(cls)
         worker._hwplace_context = context
         worker.__init__(*args, **kwargs)  # type: ignore[misc]
+        on_restart = getattr(worker, "on_restart", None)
+        if context.attempt and callable(on_restart):
+            on_restart(RestartInfo(context.rank, context.attempt, context.cause))
     except BaseException as exc:  # a constructor calling sys.exit must not take the process down unreported
         return RemoteFailure.capture(exc)
     return worker

@@ -11,7 +11,7 @@ import os
 import re
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -26,9 +26,11 @@ from hwplace.executor import (
     GroupRecord,
     GroupRequest,
     GroupRuntime,
+    Handle,
     Leases,
     LocalClusters,
     Rendezvous,
+    Restarts,
     TurnAddress,
     TurnArbitration,
     detect_timeout,
@@ -53,7 +55,7 @@ def _summary(hardware: dict[str, Any]) -> str:
     return ", ".join(f"{len(devices)} {name}" for name, devices in sorted(hardware.items()) if name != "node")
 
 
-class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbitration, LocalClusters):
+class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbitration, LocalClusters, Restarts):
     """Runs workers as Ray actors, each pinned to its node; offers every capability."""
 
     name = "ray"
@@ -271,6 +273,12 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
             running = dict(self._groups)
         start_arbiters(request, running, self.remote("turns"))
         return runtime
+
+    def watch(self, runtime: GroupRuntime, on_death: Callable[[int, str], bool]) -> None:
+        runtime.watch(on_death)  # type: ignore[attr-defined]  # a RayGroupRuntime: this executor started it
+
+    def restart(self, runtime: GroupRuntime, ranks: Sequence[int], attempt: int, cause: str) -> Handle:
+        return runtime.restart(ranks, attempt, cause)  # type: ignore[attr-defined,no-any-return]
 
     def turn_arbiter(self, placement: Placement) -> TurnAddress | None:
         from hwplace_plugins.ray.turns import find_arbiter  # noqa: PLC0415 (imports Ray: loaded on first use)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import inspect
 import re
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,6 +28,7 @@ from hwplace.executor import (
     GroupRequest,
     GroupRuntime,
     Handle,
+    Incarnations,
     RemoteFailure,
     WorkerContext,
     WorkerSpec,
@@ -55,6 +57,10 @@ class WorkerHost:
 
     async def ready(self) -> RemoteFailure | None:
         return self._failure
+
+    async def watch(self) -> None:
+        """Never returns: the driver's pending call on it fails the moment this process dies."""
+        await asyncio.Event().wait()
 
     async def call(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         if self._worker is None:  # never reached through a group: launch fails when a constructor does
@@ -124,13 +130,67 @@ class RayGroupRuntime(GroupRuntime):
         self._release = release
         payload = cloudpickle.dumps(request.worker_class)  # type: ignore[no-untyped-call]
         with _pickled(self.name, range(len(self.specs)), "the constructor", request.args, request.kwargs):
-            shared = ray.put((payload, request.args, dict(request.kwargs)))
-        size = len(self.specs)
-        self.actors = [
-            host.options(**_actor_options(spec)).remote(
-                shared, WorkerContext(request.name, spec.placement.rank, size, spec.placement, dict(spec.env), "ray"))
-            for spec in self.specs
-        ]
+            self._shared = ray.put((payload, request.args, dict(request.kwargs)))  # kept: restarts construct again
+        self._host = host
+        self.incarnations = Incarnations(len(self.specs))
+        self._watching: dict[int, tuple[int, Any]] = {}  # rank: (incarnation, its pending watch call)
+        self._watch_lock = threading.Lock()
+        self._stopped = threading.Event()
+        self.actors = [self._start(rank) for rank in range(len(self.specs))]
+
+    def _start(self, rank: int, attempt: int = 0, cause: str = "") -> Any:
+        spec = self.specs[rank]
+        context = WorkerContext(self.name, rank, len(self.specs), spec.placement, dict(spec.env), "ray", attempt, cause)
+        return self._host.options(**_actor_options(spec)).remote(self._shared, context)
+
+    def watch(self, on_death: Callable[[int, str], bool]) -> None:
+        """Report each death of a current worker process to ``on_death`` (see ``Restarts.watch``)."""
+        self.incarnations.watch(on_death)
+        with self._watch_lock:
+            for rank, actor in enumerate(self.actors):
+                self._watching[rank] = (self.incarnations.current(rank), actor.watch.remote())
+        threading.Thread(target=self._watch, name=f"hwplace-watch-{self.name}", daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self._stopped.is_set():
+            with self._watch_lock:
+                watched = dict(self._watching)
+            if not watched:
+                self._stopped.wait(0.2)
+                continue
+            try:
+                ready, _ = ray.wait([ref for _, ref in watched.values()], num_returns=1, timeout=1.0)
+            except Exception:  # the Ray session ended: so did the workers, and nothing restarts them
+                return
+            for ref in ready:
+                rank, incarnation = next((r, i) for r, (i, x) in watched.items() if x == ref)
+                with self._watch_lock:
+                    if self._watching.get(rank, (None, None))[1] == ref:
+                        del self._watching[rank]
+                try:
+                    ray.get(ref)
+                    cause = "its watch ended"
+                except ray.exceptions.RayError as exc:
+                    cause = self._death(rank, exc)
+                self.incarnations.died(rank, incarnation, cause)
+
+    def _death(self, rank: int, error: BaseException) -> str:
+        node = self.specs[rank].node
+        return f"the worker process died (node {node.rank} is {node.address}, Ray node {node.node_id[:12]}): " \
+               f"{first_line(error)}"
+
+    def restart(self, ranks: Sequence[int], attempt: int, cause: str) -> Handle:
+        """Start ``ranks`` again in place (see ``Restarts.restart``); a handle on their constructors."""
+        self.check_session("restarting the group")
+        with self._watch_lock:
+            for rank in ranks:
+                incarnation = self.incarnations.replace(rank)
+                self._watching.pop(rank, None)
+                with contextlib.suppress(ray.exceptions.RayError, ValueError):
+                    ray.kill(self.actors[rank], no_restart=True)
+                self.actors[rank] = self._start(rank, attempt, cause)
+                self._watching[rank] = (incarnation, self.actors[rank].watch.remote())
+        return RayHandle(self, tuple(ranks), [self.actors[r].ready.remote() for r in ranks], "the constructor")
 
     def check_session(self, what: str) -> None:
         """Refuse to go on once the Ray session the group ran in has ended: calling Ray then would raise Ray's
@@ -156,6 +216,8 @@ class RayGroupRuntime(GroupRuntime):
         return RayHandle(self, tuple(ranks), refs, f"{method}()", interruptible)
 
     def shutdown(self) -> None:
+        self.incarnations.close()
+        self._stopped.set()
         ended = session() != self.session  # then the workers ended with their session
         if not ended:
             for actor in self.actors:
@@ -174,8 +236,8 @@ class RayGroupRuntime(GroupRuntime):
                 "none should be left, but check those machines for leftover processes if the node was not "
                 "stopped cleanly", RuntimeWarning, stacklevel=4)
 
-    def failure(self, rank: int, what: str, outcome: Any) -> HwplaceError | None:
-        """The error an outcome of ``rank`` stands for, or ``None`` for a result."""
+    def failure(self, rank: int, what: str, outcome: Any, incarnation: int = 0) -> HwplaceError | None:
+        """The error an outcome of ``rank`` (its process ``incarnation``) stands for, or ``None`` for a result."""
         node_rank = self.specs[rank].placement.node_rank
         if isinstance(outcome, RemoteFailure):
             return outcome.error(what, group=self.name, rank=rank, node_rank=node_rank)
@@ -186,9 +248,11 @@ class RayGroupRuntime(GroupRuntime):
             return CallCancelled(f"group {self.name!r} rank {rank} on node {node_rank}: {what} was cancelled")
         if isinstance(outcome, ray.exceptions.RayActorError):
             node = self.specs[rank].node
+            restarted = self.incarnations.died(rank, incarnation, self._death(rank, outcome))
             return WorkerError(f"{what} failed: the worker process has died (node {node_rank} is "
-                               f"{node.address}, Ray node {node.node_id[:12]}): {first_line(outcome)}",
-                               group=self.name, rank=rank, node_rank=node_rank)
+                               f"{node.address}, Ray node {node.node_id[:12]}): {first_line(outcome)}"
+                               f"{'; it is being restarted' if restarted else ''}",
+                               group=self.name, rank=rank, node_rank=node_rank, restarted=restarted)
         if isinstance(outcome, ray.exceptions.RayTaskError) and isinstance(outcome.cause, TypeError | PicklingError):
             # WorkerHost.call catches whatever the method raises: a TypeError here is Ray pickling its result
             return WorkerError(f"{what} returned a value that cannot be pickled ({_unpicklable(outcome.cause)}); "
@@ -256,6 +320,7 @@ class RayHandle(Handle):
         self._runtime = runtime
         self._interruptible = interruptible
         self._ranks = ranks
+        self._incarnations = [runtime.incarnations.current(r) for r in ranks]
         self._refs = refs
         self._what = what
         self._index = {ref: i for i, ref in enumerate(refs)}
@@ -275,7 +340,7 @@ class RayHandle(Handle):
 
     def _raise_failures(self) -> None:
         for i in sorted(self._outcomes):
-            error = self._runtime.failure(self._ranks[i], self._what, self._outcomes[i])
+            error = self._runtime.failure(self._ranks[i], self._what, self._outcomes[i], self._incarnations[i])
             if error is not None:
                 raise error
 
@@ -325,7 +390,7 @@ class RayHandle(Handle):
                 self._outcomes[i] = _unwrapped(await ref)
             except ray.exceptions.RayError as exc:
                 self._outcomes[i] = Raised(exc)
-            error = self._runtime.failure(self._ranks[i], self._what, self._outcomes[i])
+            error = self._runtime.failure(self._ranks[i], self._what, self._outcomes[i], self._incarnations[i])
             if error is not None:
                 raise error
 

@@ -19,6 +19,7 @@ from hwplace.executor import (
     Leases,
     LocalClusters,
     Rendezvous,
+    Restarts,
     TurnArbitration,
     capabilities_of,
     check_executor,
@@ -27,7 +28,7 @@ from hwplace.executor import (
 from hwplace.testing import Session, fake_cluster, registered_plugin, swapped_session
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-CAPABILITIES = (ChannelHosting, Rendezvous, Leases, TurnArbitration, LocalClusters)
+CAPABILITIES = (ChannelHosting, Rendezvous, Leases, TurnArbitration, LocalClusters, Restarts)
 
 
 class Bare(Executor):

@@ -14,7 +14,7 @@ import contextlib
 import os
 import socket
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hwplace.contracts.capabilities import (
@@ -22,10 +22,19 @@ from hwplace.contracts.capabilities import (
     ChannelHosting,
     Leases,
     Rendezvous,
+    Restarts,
     TurnAddress,
     TurnArbitration,
 )
-from hwplace.contracts.executor import BackendRegistry, ClusterSpec, Executor, GroupEntry, GroupRequest, GroupRuntime
+from hwplace.contracts.executor import (
+    BackendRegistry,
+    ClusterSpec,
+    Executor,
+    GroupEntry,
+    GroupRequest,
+    GroupRuntime,
+    Handle,
+)
 from hwplace.contracts.records import Node, Placement
 from hwplace.contracts.registry import GroupRecord
 from hwplace.foundation.errors import ConfigError, HwplaceError
@@ -58,7 +67,7 @@ def _node_envs(num_nodes: int, accelerators_per_node: int | Sequence[int], node_
             for rank, count in enumerate(counts)]
 
 
-class ProcessExecutor(Executor, ChannelHosting, Rendezvous, Leases, TurnArbitration):
+class ProcessExecutor(Executor, ChannelHosting, Rendezvous, Leases, TurnArbitration, Restarts):
     """Runs each worker as a child process of the driver, on simulated nodes of this machine."""
 
     name = EXECUTOR_NAME
@@ -171,6 +180,16 @@ class ProcessExecutor(Executor, ChannelHosting, Rendezvous, Leases, TurnArbitrat
             service = self._service
         if service is not None:
             service.hub.delete_entry(name)
+
+    def watch(self, runtime: GroupRuntime, on_death: Callable[[int, str], bool]) -> None:
+        if not isinstance(runtime, ProcessGroupRuntime):
+            raise HwplaceError(f"{runtime!r} was not started by a process cluster")
+        runtime.watch(on_death)
+
+    def restart(self, runtime: GroupRuntime, ranks: Sequence[int], attempt: int, cause: str) -> Handle:
+        if not isinstance(runtime, ProcessGroupRuntime):
+            raise HwplaceError(f"{runtime!r} was not started by a process cluster")
+        return runtime.restart(ranks, attempt, cause)
 
     def turn_arbiter(self, placement: Placement) -> TurnAddress | None:
         return self._hub().call("turn_arbiter", placement.node_id)  # type: ignore[no-any-return]

@@ -23,6 +23,7 @@ from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import CallCancelled, HwplaceError, WorkerError
 from hwplace.foundation.timeouts import wait_timeout
 from hwplace.runtime.hosting import unpicklable_arguments
+from hwplace.runtime.restarts import Incarnations
 from hwplace.testing.processes.service import HubService
 from hwplace.testing.processes.wire import dumps
 from hwplace.testing.processes.workers import Outcome, WorkerProcess
@@ -57,17 +58,52 @@ class ProcessGroupRuntime(GroupRuntime):
         self.specs = tuple(request.workers)
         self._release = release
         self._ids = itertools.count(1)
-        size = len(self.specs)
-        ranks = range(size)
-        with _pickled(self.name, ranks, "the constructor", (request.worker_class, *request.args), request.kwargs):
-            payload, main = dumps(request.worker_class), _main_path(request.worker_class)
-            contexts = [WorkerContext(self.name, rank, size, spec.placement, dict(spec.env), EXECUTOR_NAME)
-                        for rank, spec in enumerate(self.specs)]
-            starts = [dumps(("start", payload, main, context, request.args, dict(request.kwargs), executor))
-                      for context in contexts]
-        self.workers = [WorkerProcess(service, authkey, spec.python_interpreter_path,
-                                      node_envs[spec.node.rank], spec.process_env, start)
-                        for spec, start in zip(self.specs, starts, strict=True)]
+        self._service, self._authkey, self._node_envs, self._executor = service, authkey, node_envs, executor
+        self._args, self._kwargs = request.args, dict(request.kwargs)
+        self.incarnations = Incarnations(len(self.specs))
+        with _pickled(self.name, range(len(self.specs)), "the constructor", (request.worker_class, *request.args),
+                      request.kwargs):
+            self._payload, self._main = dumps(request.worker_class), _main_path(request.worker_class)
+            starts = [self._start_message(rank) for rank in range(len(self.specs))]
+        self.workers = [self._process(rank, start) for rank, start in enumerate(starts)]
+
+    def _start_message(self, rank: int, attempt: int = 0, cause: str = "") -> bytes:
+        spec = self.specs[rank]
+        context = WorkerContext(self.name, rank, len(self.specs), spec.placement, dict(spec.env), EXECUTOR_NAME,
+                                attempt, cause)
+        return dumps(("start", self._payload, self._main, context, self._args, self._kwargs, self._executor))
+
+    def _process(self, rank: int, start: bytes) -> WorkerProcess:
+        spec = self.specs[rank]
+        incarnation = self.incarnations.current(rank)
+
+        def exited(why: str) -> None:
+            self.incarnations.died(rank, incarnation, self._death(rank, why))
+
+        return WorkerProcess(self._service, self._authkey, spec.python_interpreter_path,
+                             self._node_envs[spec.node.rank], spec.process_env, start, exited)
+
+    def _death(self, rank: int, why: str) -> str:
+        spec = self.specs[rank]
+        return f"the worker process died (node {spec.placement.node_rank} is {spec.node.address}, simulated node " \
+               f"{spec.node.node_id}): {why}"
+
+    def watch(self, on_death: Callable[[int, str], bool]) -> None:
+        """Report each death of a current worker process to ``on_death`` (see ``Restarts.watch``)."""
+        self.incarnations.watch(on_death)
+        for rank, worker in enumerate(self.workers):
+            if worker.exited is not None:  # died before the watch began
+                self.incarnations.died(rank, self.incarnations.current(rank), self._death(rank, worker.exited))
+
+    def restart(self, ranks: Sequence[int], attempt: int, cause: str) -> Handle:
+        """Start ``ranks`` again in place (see ``Restarts.restart``); a handle on their constructors."""
+        for rank in ranks:
+            self.incarnations.replace(rank)
+            old = self.workers[rank]
+            old.tell_stop("it was stopped to restart its group")
+            old.kill()
+            self.workers[rank] = self._process(rank, self._start_message(rank, attempt, cause))
+        return ProcessHandle(self, tuple(ranks), [self.workers[r].ready for r in ranks], 0, "the constructor")
 
     def ready(self) -> Handle:
         return ProcessHandle(self, tuple(range(len(self.workers))), [w.ready for w in self.workers], 0,
@@ -82,14 +118,15 @@ class ProcessGroupRuntime(GroupRuntime):
         return ProcessHandle(self, tuple(ranks), futures, call_id, f"{method}()", interruptible)
 
     def shutdown(self) -> None:
+        self.incarnations.close()
         for worker in self.workers:
             worker.tell_stop()
         for worker in self.workers:
             worker.wait_stopped()
         self._release(self.name)
 
-    def failure(self, rank: int, what: str, outcome: Outcome) -> HwplaceError | None:
-        """The error an outcome of ``rank`` stands for, or ``None`` for a result."""
+    def failure(self, rank: int, what: str, outcome: Outcome, incarnation: int = 0) -> HwplaceError | None:
+        """The error an outcome of ``rank`` (its process ``incarnation``) stands for, or ``None`` for a result."""
         kind = outcome[0]
         spec = self.specs[rank]
         node_rank = spec.placement.node_rank
@@ -103,9 +140,11 @@ class ProcessGroupRuntime(GroupRuntime):
             return WorkerError(f"{what} returned a value that cannot be pickled ({outcome[1]}); return plain data, "
                                "arrays, tensors or objects that pickle", group=self.name, rank=rank,
                                node_rank=node_rank)
+        restarted = self.incarnations.died(rank, incarnation, self._death(rank, outcome[1]))
         return WorkerError(f"{what} failed: the worker process has died (node {node_rank} is {spec.node.address}, "
-                           f"simulated node {spec.node.node_id}): {outcome[1]}", group=self.name, rank=rank,
-                           node_rank=node_rank)
+                           f"simulated node {spec.node.node_id}): {outcome[1]}"
+                           f"{'; it is being restarted' if restarted else ''}", group=self.name, rank=rank,
+                           node_rank=node_rank, restarted=restarted)
 
 
 class ProcessHandle(Handle):
@@ -116,6 +155,7 @@ class ProcessHandle(Handle):
                  interruptible: bool = False) -> None:
         self._runtime = runtime
         self._ranks = ranks
+        self._incarnations = [runtime.incarnations.current(r) for r in ranks]
         self._futures = futures
         self._call_id = call_id
         self._what = what
@@ -123,9 +163,9 @@ class ProcessHandle(Handle):
         self._cancelled = False  # once cancelled, every rank ends soon: wait reports them in rank order
 
     def _raise_failures(self) -> None:
-        for rank, future in zip(self._ranks, self._futures, strict=True):
+        for rank, future, incarnation in zip(self._ranks, self._futures, self._incarnations, strict=True):
             if future.done():
-                error = self._runtime.failure(rank, self._what, future.result())
+                error = self._runtime.failure(rank, self._what, future.result(), incarnation)
                 if error is not None:
                     raise error
 
@@ -160,12 +200,13 @@ class ProcessHandle(Handle):
         return sum(f.done() for f in self._futures)
 
     async def wait_async(self) -> list[Any]:
-        async def one(rank: int, future: concurrent.futures.Future[Outcome]) -> None:
-            error = self._runtime.failure(rank, self._what, await asyncio.wrap_future(future))
+        async def one(rank: int, future: concurrent.futures.Future[Outcome], incarnation: int) -> None:
+            error = self._runtime.failure(rank, self._what, await asyncio.wrap_future(future), incarnation)
             if error is not None:
                 raise error
 
-        await asyncio.gather(*(one(r, f) for r, f in zip(self._ranks, self._futures, strict=True)))
+        await asyncio.gather(*(one(r, f, i) for r, f, i in zip(self._ranks, self._futures, self._incarnations,
+                                                                  strict=True)))
         self._raise_failures()
         return self._results()
 

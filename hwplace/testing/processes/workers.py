@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
@@ -31,11 +31,13 @@ Outcome = tuple[Any, ...]
 
 
 class WorkerProcess:
-    """A child process hosting one worker; ``start`` (pickled) is the first message it gets."""
+    """A child process hosting one worker; ``start`` (pickled) is the first message it gets. ``on_exit(why)``
+    is told when the child ends by itself (not when told to stop), once its calls have ended."""
 
     def __init__(self, service: HubService, authkey: bytes, python: str | None, node_env: Mapping[str, str],
-                 process_env: Mapping[str, str], start: bytes) -> None:
+                 process_env: Mapping[str, str], start: bytes, on_exit: Callable[[str], None] | None = None) -> None:
         self.worker_id = os.urandom(8).hex()
+        self._on_exit = on_exit
         self._lock = threading.Lock()
         self._calls: dict[int, Future[Outcome]] = {}
         self.ready = self._future(0)
@@ -43,7 +45,7 @@ class WorkerProcess:
         self._connection: Connection | None = None
         self._read_all = threading.Event()
         self._died: str | None = None
-        self._stopping = False
+        self._stopping: str | None = None  # why it was told to stop
         self._service = service
         service.expect(self.worker_id, self._attach)
         interpreter = python or sys.executable
@@ -60,6 +62,11 @@ class WorkerProcess:
             self.process.stdin.write(dumps((service.address, authkey, self.worker_id)))
             self.process.stdin.close()
         threading.Thread(target=self._watch, name="hwplace-worker-watch", daemon=True).start()
+
+    @property
+    def exited(self) -> str | None:
+        """Why the child ended by itself, once it has (``None`` while it runs or when it was told to stop)."""
+        return None if self._stopping else self._died
 
     @property
     def pid(self) -> int | None:
@@ -93,10 +100,10 @@ class WorkerProcess:
             with contextlib.suppress(OSError):
                 self.process.kill()
 
-    def tell_stop(self) -> None:
-        """Tell the child to exit; its calls in flight end as died, "the group was shut down"."""
+    def tell_stop(self, why: str = "the group was shut down") -> None:
+        """Tell the child to exit; its calls in flight end as died, ``why``."""
         with self._lock:
-            self._stopping = True
+            self._stopping = why
             if self._connection is not None:
                 self._send(dumps(("exit",)))
         if self._connection is None:
@@ -152,7 +159,10 @@ class WorkerProcess:
         self._service.forget(self.worker_id)
         if self._connection is not None:
             self._read_all.wait(READ_GRACE)
-        self._die("the group was shut down" if self._stopping else exit_status(code))
+        why = self._stopping or exit_status(code)
+        self._die(why)
+        if self._stopping is None and self._on_exit is not None:
+            self._on_exit(why)
 
     def _die(self, why: str) -> None:
         with self._lock:

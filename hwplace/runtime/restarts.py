@@ -1,0 +1,198 @@
+"""Restart in place (SPEC §12): what becomes of a group's ranks when their processes die.
+
+A group launched with a :class:`~hwplace.Restart` policy has a :class:`Supervisor`: the executor (its
+:class:`~hwplace.executor.Restarts` capability) tells it of each death, and it starts the dead rank (or, with
+``scope="group"``, every rank) again in place while restarts are left, or leaves it ``dead`` with the cause.
+Each rank's state is a :class:`RankStatus` (``group.status()``). The lease on the group's devices is the
+group's, not a process's: it is held through the gap, until the group is shut down.
+
+:class:`Incarnations` is the executors' side: which process of each rank is the current one, so that a death
+is reported once, and only for the current process. Imports the layers below.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hwplace.config.restart import Restart
+from hwplace.contracts.capabilities import Restarts
+from hwplace.contracts.executor import GroupRuntime
+from hwplace.contracts.records import Placement
+from hwplace.foundation.errors import WorkerError
+
+SERVING, RESTARTING, DEAD = "serving", "restarting", "dead"
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One rank of a group: its ``state`` (``serving``, ``restarting`` or ``dead``), the ``restarts`` it has
+    used (with ``scope="group"``, the group's), and the ``cause`` of its last death (``""`` if none)."""
+
+    rank: int
+    node_rank: int
+    state: str
+    restarts: int
+    cause: str
+
+
+def first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(error).__name__
+
+
+class Supervisor:
+    """The ranks of one group: their states, and the restarts its policy allows."""
+
+    def __init__(self, name: str, placements: Sequence[Placement], policy: Restart | None,
+                 executor: Restarts | None, runtime: GroupRuntime) -> None:
+        self.name = name
+        self.policy = policy or Restart(0)
+        self._placements = tuple(placements)
+        self._executor = executor
+        self._runtime = runtime
+        self._lock = threading.Lock()
+        size = len(self._placements)
+        self._states = [SERVING] * size
+        self._causes = [""] * size
+        self._used = [0] * size  # with scope="group", every rank's entry is the group's count
+        self._closed = False
+        self.failure: WorkerError | None = None  # a death that used up the restarts of a policy that had some
+
+    def start(self) -> None:
+        """Be told of each death from now on (when the executor can restart)."""
+        if self._executor is not None:
+            self._executor.watch(self._runtime, self.died)
+
+    def close(self) -> None:
+        """The group is being shut down: its deaths from now on are its end, not a restart's cue."""
+        with self._lock:
+            self._closed = True
+
+    def status(self) -> list[RankStatus]:
+        with self._lock:
+            return [RankStatus(rank, p.node_rank, self._states[rank], self._used[rank], self._causes[rank])
+                    for rank, p in enumerate(self._placements)]
+
+    def died(self, rank: int, cause: str) -> bool:
+        """A process of ``rank`` died of ``cause``: whether it will be restarted."""
+        with self._lock:
+            if self._closed or self._states[rank] == DEAD:
+                return False
+            if self._states[rank] == RESTARTING:
+                return True  # stopped by its group's restart, or the death of a process being restarted
+            self._causes[rank] = cause
+            return self._next(rank, cause)
+
+    def _next(self, rank: int, cause: str) -> bool:
+        """Under the lock: restart ``rank`` (or the group) if restarts are left, else leave it dead."""
+        if self._used[rank] >= self.policy.max_restarts or self._executor is None:
+            self._states[rank] = DEAD
+            if self.policy.max_restarts:  # restarts left at 0 end the group (SPEC §12); without any, today's rule
+                self.failure = WorkerError(f"the worker process died ({cause}) and its restarts are used up "
+                                           f"({self._used[rank]} of {self.policy.max_restarts})", group=self.name,
+                                           rank=rank, node_rank=self._placements[rank].node_rank)
+            return False
+        ranks = [rank] if self.policy.scope == "rank" else list(range(len(self._placements)))
+        attempt = self._used[rank] + 1
+        for r in ranks:
+            self._states[r] = RESTARTING
+            self._used[r] = attempt
+        handle = self._executor.restart(self._runtime, ranks, attempt, cause)  # under the lock: see close()
+        threading.Thread(target=self._await, args=(ranks, handle), name=f"hwplace-restart-{self.name}",
+                         daemon=True).start()
+        return True
+
+    def _await(self, ranks: list[int], handle: Any) -> None:
+        """Wait for the restarted ranks' constructors; one that fails (or a node gone) is another death."""
+        try:
+            handle.wait()
+        except WorkerError as exc:
+            failed = exc.rank if exc.rank in ranks else ranks[0]
+            with self._lock:
+                if self._closed:
+                    return
+                cause = f"its restart failed: {first_line(exc)}"
+                self._causes[failed] = cause
+                self._next(failed, cause)
+            return
+        with self._lock:
+            for r in ranks:
+                if self._states[r] == RESTARTING:
+                    self._states[r] = SERVING
+
+
+class _Answer:
+    """Whether a death will be restarted, once the group has said so."""
+
+    def __init__(self, value: bool | None = None) -> None:
+        self._value = value
+        self._given = threading.Event()
+        if value is not None:
+            self._given.set()
+
+    def give(self, value: bool) -> None:
+        self._value = value
+        self._given.set()
+
+    def get(self) -> bool:
+        self._given.wait()
+        return bool(self._value)
+
+
+class Incarnations:
+    """For an executor's :class:`~hwplace.executor.Restarts`: which process of each rank is current (its
+    incarnation, counted from 0), and whether each death is to be told to the group.
+
+    A call records the incarnation it went to; when it fails because that process died, :meth:`died` answers
+    whether the rank will be restarted (the ``WorkerError``'s ``restarted``): the first report of a current
+    process's death asks the group (outside any lock: the group may restart at once), later ones wait for the
+    same answer, and a process that :meth:`replace` stopped counts as restarted.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._lock = threading.Lock()
+        self._current = [0] * size
+        self._answers: dict[tuple[int, int], _Answer] = {}
+        self._on_death: Callable[[int, str], bool] | None = None
+        self._closed = False
+
+    def current(self, rank: int) -> int:
+        return self._current[rank]
+
+    def watch(self, on_death: Callable[[int, str], bool]) -> None:
+        self._on_death = on_death
+
+    def close(self) -> None:
+        """The group is shut down: deaths from now on are not told."""
+        with self._lock:
+            self._closed = True
+
+    def replace(self, rank: int) -> int:
+        """``rank`` gets a new process (its old one, if alive, is stopped as restarted): the new incarnation."""
+        with self._lock:
+            self._answers.setdefault((rank, self._current[rank]), _Answer(True))
+            self._current[rank] += 1
+            return self._current[rank]
+
+    def died(self, rank: int, incarnation: int, cause: str) -> bool:
+        """Incarnation ``incarnation`` of ``rank`` died: whether the rank will be restarted."""
+        with self._lock:
+            key = (rank, incarnation)
+            answer = self._answers.get(key)
+            first = answer is None
+            if answer is None:
+                if self._on_death is None or self._closed or incarnation != self._current[rank]:
+                    return False
+                answer = self._answers[key] = _Answer()
+            on_death = self._on_death
+        if first:
+            assert on_death is not None
+            try:
+                answer.give(bool(on_death(rank, cause)))
+            except BaseException:
+                answer.give(False)
+                raise
+        return answer.get()

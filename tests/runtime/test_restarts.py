@@ -1,0 +1,144 @@
+"""Restart in place (SPEC §12), on both executors: a dead worker process is started again on its own placement
+with the same rank, environment and constructor arguments; ``on_restart`` runs after ``__init__``; a call the
+death ended is a ``WorkerError`` with ``restarted``; later calls reach the new process through the same handle;
+``scope="group"`` starts every rank again; restarts used up end the group with the last cause; ``status()``
+says each rank's state. Waits have no timeout of their own: the module's limit is around them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+import hwplace
+
+pytestmark = pytest.mark.time_limit(240)
+
+CLUSTER = {"num_nodes": 2, "component_placement": {"svc": "0-3", "pair": "4-5", "other": "6-7"}}
+
+
+class Service(hwplace.Worker):
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.restarted_with: tuple[int, int, str] | None = None
+
+    def on_restart(self, info: Any) -> None:
+        self.restarted_with = (info.rank, info.attempt, info.cause)
+
+    def who(self) -> dict[str, Any]:
+        env = {k: os.environ.get(k, "") for k in ("RANK", "FAKE_VISIBLE_DEVICES", "HWPLACE_NODE_RANK")}
+        return {"pid": os.getpid(), "tag": self.tag, "rank": self.rank, "env": env,
+                "restarted_with": self.restarted_with}
+
+    def die(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def sleep_then_answer(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "answered"
+
+
+def serving(group: hwplace.WorkerGroup) -> list[hwplace.RankStatus]:
+    """The group's status once no rank is restarting (polled; the module's limit bounds it)."""
+    while True:
+        status = group.status()
+        if all(s.state != "restarting" for s in status):
+            return status
+        time.sleep(0.05)
+
+
+def launch(cluster: hwplace.Cluster, component: str, restart: hwplace.Restart | None) -> hwplace.WorkerGroup:
+    strategy = hwplace.ComponentPlacement(cluster.config, cluster).get_strategy(component)
+    return Service.create_group("t").launch(cluster, strategy, name=component, restart=restart)
+
+
+def test_a_killed_rank_comes_back_in_place_and_the_call_it_ended_says_so(cluster: hwplace.Cluster) -> None:
+    group = launch(cluster, "svc", hwplace.Restart(max_restarts=2))
+    try:
+        before = group.who().wait()
+        in_flight = group.execute_on(1).sleep_then_answer(60)
+        os.kill(before[1]["pid"], signal.SIGKILL)
+        with pytest.raises(hwplace.WorkerError) as caught:
+            in_flight.wait()
+        assert caught.value.restarted is True and caught.value.rank == 1
+        status = serving(group)
+        after = group.who().wait()  # the same handle reaches the new process
+        assert after[1]["pid"] != before[1]["pid"]
+        assert [a["pid"] for a in after[:1] + after[2:]] == [b["pid"] for b in before[:1] + before[2:]]
+        assert after[1]["env"] == before[1]["env"] and after[1]["tag"] == "t"  # same placement, args
+        rank, attempt, cause = after[1]["restarted_with"]
+        assert (rank, attempt) == (1, 1) and "died" in cause
+        assert [(s.state, s.restarts) for s in status] == [("serving", 0), ("serving", 1), ("serving", 0),
+                                                           ("serving", 0)]
+        assert "died" in status[1].cause and status[1].node_rank == group.placements[1].node_rank
+    finally:
+        group.shutdown()
+
+
+def test_a_rank_that_dies_idle_is_restarted_too_and_restarts_used_up_end_the_group(cluster: hwplace.Cluster) -> None:
+    group = launch(cluster, "pair", hwplace.Restart(max_restarts=1))
+    try:
+        pid = group.who().wait()[0]["pid"]
+        os.kill(pid, signal.SIGKILL)  # no call in flight: the executor's watch sees it
+        while group.status()[0].restarts == 0:
+            time.sleep(0.05)
+        serving(group)
+        second = group.execute_on(0).who().wait()[0]
+        assert second["pid"] != pid and second["restarted_with"][1] == 1
+        with pytest.raises(hwplace.WorkerError) as caught:
+            group.execute_on(0).die().wait()
+        assert caught.value.restarted is False  # its one restart is used
+        status = group.status()
+        assert (status[0].state, status[0].restarts) == ("dead", 1) and "died" in status[0].cause
+        assert status[1].state == "serving"
+        with pytest.raises(hwplace.WorkerError, match=r"restarts are used up \(1 of 1\)"):
+            group.execute_on(1).who()  # the group has ended: every call says why
+    finally:
+        group.shutdown()
+
+
+def test_scope_group_starts_every_rank_again(cluster: hwplace.Cluster) -> None:
+    group = launch(cluster, "pair", hwplace.Restart(max_restarts=1, scope="group"))
+    try:
+        before = [w["pid"] for w in group.who().wait()]
+        survivor_call = group.execute_on(1).sleep_then_answer(60)
+        with pytest.raises(hwplace.WorkerError) as died:
+            group.execute_on(0).die().wait()
+        assert died.value.restarted is True
+        with pytest.raises(hwplace.WorkerError) as stopped:
+            survivor_call.wait()  # the living rank was stopped for the group's restart
+        assert stopped.value.restarted is True and stopped.value.rank == 1
+        status = serving(group)
+        after = group.who().wait()
+        assert all(a["pid"] != b for a, b in zip(after, before, strict=True))
+        assert [a["restarted_with"][1] for a in after] == [1, 1]
+        assert [(s.state, s.restarts) for s in status] == [("serving", 1), ("serving", 1)]
+    finally:
+        group.shutdown()
+
+
+def test_without_a_policy_a_dead_rank_stays_dead_and_the_others_serve(cluster: hwplace.Cluster) -> None:
+    group = launch(cluster, "other", None)
+    try:
+        with pytest.raises(hwplace.WorkerError) as caught:
+            group.execute_on(0).die().wait()
+        assert caught.value.restarted is False
+        assert group.execute_on(1).who().wait()[0]["rank"] == 1  # today's rule: the other rank serves
+        while group.status()[0].state != "dead":
+            time.sleep(0.05)
+        with pytest.raises(hwplace.WorkerError):
+            group.execute_on(0).who().wait()
+    finally:
+        group.shutdown()
+
+
+def test_a_bad_policy_is_refused_by_key(cluster: hwplace.Cluster) -> None:
+    with pytest.raises(hwplace.ConfigError, match="restart.max_restarts"):
+        hwplace.Restart(max_restarts=-1)
+    with pytest.raises(hwplace.ConfigError, match="restart.scope.*did you mean 'group'"):
+        hwplace.Restart(max_restarts=1, scope="grop")
+    with pytest.raises(hwplace.ConfigError, match="restart"):
+        launch(cluster, "other", {"max_restarts": 1})  # type: ignore[arg-type]
