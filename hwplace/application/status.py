@@ -40,6 +40,15 @@ def _devices(workers: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(parts) or "-"
 
 
+def _states(workers: Sequence[Mapping[str, Any]]) -> str:
+    """``"4 serving"``, ``"3 serving, 1 restarting"``: a group's ranks by state (records without one serve)."""
+    counts: dict[str, int] = {}
+    for worker in workers:
+        state = str(worker.get("state", "serving"))
+        counts[state] = counts.get(state, 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in counts.items()) or "-"
+
+
 def _job_names(state: Mapping[str, Any]) -> dict[str, str]:
     return {str(j["id"]): str(j.get("name") or j["id"]) for j in state.get("jobs", ())}
 
@@ -62,11 +71,17 @@ def print_status(state: Mapping[str, Any], out: TextIO) -> None:
     groups = state.get("groups", [])
     if groups:
         out.write("\ngroups\n")
-        table([["job", "group", "worker class", "ranks", "nodes", "devices"]]
+        table([["job", "group", "worker class", "ranks", "nodes", "state", "devices"]]
               + [[names.get(str(g["job"]), str(g["job"])), str(g["group"]), str(g["worker_class"]),
                   _ranks([w["rank"] for w in g["workers"]]),
-                  _ranks(sorted({w["node_rank"] for w in g["workers"]})), _devices(g["workers"])]
+                  _ranks(sorted({w["node_rank"] for w in g["workers"]})), _states(g["workers"]), _devices(g["workers"])]
                  for g in groups], out)
+        for g in groups:
+            for w in g["workers"]:
+                if w.get("restarts") or w.get("state", "serving") != "serving":
+                    used = plural(int(w.get("restarts", 0)), "restart")
+                    out.write(f"  {g['group']} rank {w['rank']}: {w.get('state', 'serving')}, {used} used; "
+                              f"last cause: {w.get('cause') or '-'}\n")
     leases = sorted(state.get("leases", []), key=lambda x: (x["node_rank"], x["hardware_type"], x["index"]))
     if leases:
         out.write("\nleases\n")

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, TypeVar
 
 from hwplace.contracts.executor import GroupRuntime, Handle
 from hwplace.contracts.records import Placement
-from hwplace.contracts.registry import GroupRecord
+from hwplace.contracts.registry import GroupRecord, WorkerRecord
 from hwplace.foundation.errors import PluginError
 
 
@@ -118,7 +118,7 @@ class Leases(Capability):
     """A registry of the cluster's running groups that leases their devices to their job."""
 
     feature: ClassVar[str] = "lease devices to jobs (shared clusters) and report hwplace status"
-    methods: ClassVar[tuple[str, ...]] = ("register_group", "deregister_group", "cluster_status")
+    methods: ClassVar[tuple[str, ...]] = ("register_group", "deregister_group", "update_workers", "cluster_status")
 
     def register_group(self, record: GroupRecord) -> None:
         """Record a group about to start in the cluster's registry, leasing its devices to this job.
@@ -132,6 +132,11 @@ class Leases(Capability):
     def deregister_group(self, group: str) -> None:
         """Forget this job's group ``group`` and end its leases; a name not registered is no error."""
         raise NotImplementedError(f"{type(self).__name__}.deregister_group")
+
+    def update_workers(self, group: str, workers: Sequence[WorkerRecord]) -> None:
+        """The workers of this job's running group ``group`` changed state (a restart, a death): keep their new
+        records for ``hwplace status``; the group's leases stay as they are. A name not registered is no error."""
+        raise NotImplementedError(f"{type(self).__name__}.update_workers")
 
     def cluster_status(self, address: str | None) -> dict[str, Any]:
         """What runs on the cluster at ``address`` (the one this process is connected to, or would connect to,

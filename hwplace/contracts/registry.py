@@ -41,13 +41,17 @@ class DeviceLease:
 
 @dataclass(frozen=True)
 class WorkerRecord:
-    """Where one worker of a group runs: its rank, node and what it holds there (``"fake-accelerator 0,1"``)."""
+    """Where one worker of a group runs: its rank, node and what it holds there (``"fake-accelerator 0,1"``); its
+    ``state`` (``serving``, ``restarting``, ``dead``), the ``restarts`` it used and its last death's ``cause``."""
 
     rank: int
     node_rank: int
     node_id: str
     address: str
     hardware: str
+    state: str = "serving"
+    restarts: int = 0
+    cause: str = ""
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
-from hwplace.contracts.registry import GroupRecord, LeaseConflict
+from hwplace.contracts.registry import GroupRecord, LeaseConflict, WorkerRecord
 from hwplace.foundation.errors import PlacementError
 
 
@@ -79,6 +79,12 @@ class LeaseBook:
 
     def deregister_group(self, job_id: str, group: str) -> None:
         self.groups.pop((job_id, group), None)
+
+    def update_workers(self, job_id: str, group: str, workers: Sequence[WorkerRecord]) -> None:
+        """New records of the workers of ``job_id``'s group ``group`` (their states); its leases are unchanged."""
+        record = self.groups.get((job_id, group))
+        if record is not None:
+            self.groups[(job_id, group)] = replace(record, workers=tuple(workers))
 
     def register_channel(self, job: Mapping[str, Any], name: str, where: str) -> None:
         self._join(job)

@@ -146,7 +146,8 @@ class GroupLauncher:
         port = executor.free_port(cluster.nodes[placements[0].node_rank])
         groups = {g.label: g for g in placement_strategy.groups(cluster)}
         specs = worker_specs(cluster, placements, port, groups)
-        leases.register_group(group_record(cluster, name, self.worker_class, placements))
+        record = group_record(cluster, name, self.worker_class, placements)
+        leases.register_group(record)
         try:
             runtime = executor.start_group(GroupRequest(name, self.worker_class, self.args, self.kwargs, specs))
         except BaseException:
@@ -159,7 +160,11 @@ class GroupLauncher:
             leases.deregister_group(name)
             raise
         running[name] = tuple(placements)
-        supervisor = Supervisor(name, placements, restart, watcher, runtime)
+        def changed(ranks: list[RankStatus]) -> None:
+            leases.update_workers(name, [replace(w, state=s.state, restarts=s.restarts, cause=s.cause)
+                                         for w, s in zip(record.workers, ranks, strict=True)])
+
+        supervisor = Supervisor(name, placements, restart, watcher, runtime, changed)
         supervisor.start()
 
         def release() -> None:

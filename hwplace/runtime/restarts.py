@@ -12,6 +12,7 @@ is reported once, and only for the current process. Imports the layers below.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,8 +48,10 @@ class Supervisor:
     """The ranks of one group: their states, and the restarts its policy allows."""
 
     def __init__(self, name: str, placements: Sequence[Placement], policy: Restart | None,
-                 executor: Restarts | None, runtime: GroupRuntime) -> None:
+                 executor: Restarts | None, runtime: GroupRuntime,
+                 on_change: Callable[[list[RankStatus]], None] | None = None) -> None:
         self.name = name
+        self._on_change = on_change  # told every state change, outside the lock (hwplace status shows them)
         self.policy = policy or Restart(0)
         self._placements = tuple(placements)
         self._executor = executor
@@ -84,7 +87,14 @@ class Supervisor:
             if self._states[rank] == RESTARTING:
                 return True  # stopped by its group's restart, or the death of a process being restarted
             self._causes[rank] = cause
-            return self._next(rank, cause)
+            restarting = self._next(rank, cause)
+        self._changed()
+        return restarting
+
+    def _changed(self) -> None:
+        if self._on_change is not None and not self._closed:
+            with contextlib.suppress(Exception):  # what hwplace status shows, no more: the restart goes on
+                self._on_change(self.status())
 
     def _next(self, rank: int, cause: str) -> bool:
         """Under the lock: restart ``rank`` (or the group) if restarts are left, else leave it dead."""
@@ -117,11 +127,13 @@ class Supervisor:
                 cause = f"its restart failed: {first_line(exc)}"
                 self._causes[failed] = cause
                 self._next(failed, cause)
+            self._changed()
             return
         with self._lock:
             for r in ranks:
                 if self._states[r] == RESTARTING:
                     self._states[r] = SERVING
+        self._changed()
 
 
 class _Answer:

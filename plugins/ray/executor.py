@@ -33,6 +33,7 @@ from hwplace.executor import (
     Restarts,
     TurnAddress,
     TurnArbitration,
+    WorkerRecord,
     detect_timeout,
     lease_refusal,
 )
@@ -240,6 +241,14 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
             return  # the session ended: its leases ended with its job
         with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
             ray.get(self.registry().deregister_group.remote(self._job(None)["id"], group), timeout=REGISTRY_TIMEOUT)
+
+    def update_workers(self, group: str, workers: Sequence[WorkerRecord]) -> None:
+        ray = import_ray()
+        if not ray.is_initialized():
+            return
+        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):
+            ray.get(self.registry().update_workers.remote(self._job(None)["id"], group, tuple(workers)),
+                    timeout=REGISTRY_TIMEOUT)
 
     def cluster_status(self, address: str | None) -> dict[str, Any]:
         ray = connect(address)

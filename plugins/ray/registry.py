@@ -40,6 +40,9 @@ class Registry:
     def deregister_group(self, job_id: str, group: str) -> None:
         self._book.deregister_group(job_id, group)
 
+    def update_workers(self, job_id: str, group: str, workers: Any) -> None:
+        self._book.update_workers(job_id, group, workers)
+
     def register_channel(self, job: Mapping[str, Any], name: str, where: str) -> None:
         self._book.register_channel(job, name, where)
 

@@ -38,8 +38,8 @@ def test_the_tables_name_each_job_group_lease_and_channel() -> None:
     lines = out.getvalue().splitlines()
     assert lines[0] == "cluster 10.0.0.1:6379: 2 nodes, 1 alive"
     assert lines[lines.index("groups") + 1:lines.index("groups") + 3] == [
-        "  job       group    worker class      ranks  nodes  devices",
-        "  pipeline  rollout  pipeline.Rollout  0-3    0-1    "
+        "  job       group    worker class      ranks  nodes  state      devices",
+        "  pipeline  rollout  pipeline.Rollout  0-3    0-1    4 serving  "
         "node 0: fake-accelerator 0,1; node 1: fake-accelerator 0,1"]
     assert lines[lines.index("leases") + 2] == "  fake-accelerator 1  0 (10.0.0.1)  pipeline  rollout  1"
     assert lines[-1] == "  items    pipeline  10.0.0.1 (Ray node aaaaaaaaaaaa)"
@@ -73,7 +73,7 @@ def test_status_of_the_connected_cluster_as_a_table_and_as_json(launched: hwplac
     out, err = io.StringIO(), io.StringIO()
     assert main(["status"], out, err) == 0, err.getvalue()
     text = re.sub(" +", " ", out.getvalue())  # columns widen with the other rows
-    assert re.search(r"\n status-test watched \S*test_status\.Idle 0-1 1 node 1: fake-accelerator 0,1\n", text), text
+    assert re.search(r"\n status-test watched \S*test_status\.Idle 0-1 1 2 serving node 1: fake-accelerator 0,1\n", text), text
     assert " fake-accelerator 0 1 (" in text
     assert " status-items status-test " in text
     out = io.StringIO()

@@ -153,7 +153,7 @@ def test_a_launch_without_leases_fails_before_anything_starts(bare_cluster: hwpl
     strategy = hwplace.PackedPlacementStrategy(0, 1)
     with pytest.raises(hwplace.PluginError, match=r"^launching group 'crew': the executor 'bare' cannot lease "
                                                   r"devices .* hwplace.executor.Leases \(register_group, "
-                                                  r"deregister_group, cluster_status\)"):
+                                                  r"deregister_group, update_workers, cluster_status\)"):
         Member.create_group().launch(bare_cluster, placement_strategy=strategy, name="crew")
 
 

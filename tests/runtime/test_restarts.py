@@ -6,6 +6,7 @@ says each rank's state. Waits have no timeout of their own: the module's limit i
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import time
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 import hwplace
+from hwplace.application.status import print_status
 
 pytestmark = pytest.mark.time_limit(240)
 
@@ -74,6 +76,15 @@ def test_a_killed_rank_comes_back_in_place_and_the_call_it_ended_says_so(cluster
         assert [(s.state, s.restarts) for s in status] == [("serving", 0), ("serving", 1), ("serving", 0),
                                                            ("serving", 0)]
         assert "died" in status[1].cause and status[1].node_rank == group.placements[1].node_rank
+        shown = cluster.executor().cluster_status(None)  # type: ignore[attr-defined]  # hwplace status's source
+        svc = next(g for g in shown["groups"] if g["group"] == "svc")
+        assert [(w["state"], w["restarts"]) for w in svc["workers"]] == [("serving", 0), ("serving", 1),
+                                                                          ("serving", 0), ("serving", 0)]
+        assert "died" in svc["workers"][1]["cause"]
+        assert sorted(lease["ranks"][0] for lease in shown["leases"] if lease["group"] == "svc") == [0, 1, 2, 3]
+        text = io.StringIO()
+        print_status(shown, text)
+        assert "svc rank 1: serving, 1 restart used; last cause: the worker process died" in text.getvalue()
     finally:
         group.shutdown()
 

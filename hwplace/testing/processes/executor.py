@@ -36,7 +36,7 @@ from hwplace.contracts.executor import (
     Handle,
 )
 from hwplace.contracts.records import Node, Placement
-from hwplace.contracts.registry import GroupRecord
+from hwplace.contracts.registry import GroupRecord, WorkerRecord
 from hwplace.foundation.errors import ConfigError, HwplaceError
 from hwplace.foundation.settings import FAKE_ACCELERATORS, NODE_RANK, read_node_rank
 from hwplace.inventory.leases import lease_refusal
@@ -238,6 +238,12 @@ class ProcessExecutor(Executor, ChannelHosting, Rendezvous, Leases, TurnArbitrat
             return
         with contextlib.suppress(HwplaceError):  # the hub is gone: its leases with it
             self._hub().call("deregister_group", self._job(None)["id"], group)
+
+    def update_workers(self, group: str, workers: Sequence[WorkerRecord]) -> None:
+        if self._address is None:
+            return
+        with contextlib.suppress(HwplaceError):  # the hub is gone: so is the group
+            self._hub().call("update_workers", self._job(None)["id"], group, tuple(workers))
 
     def cluster_status(self, address: str | None) -> dict[str, Any]:
         own = self.start() if self._address is None else self._address

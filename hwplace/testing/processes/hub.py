@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from hwplace.channels.server import ChannelServer
 from hwplace.contracts.capabilities import TurnAddress
 from hwplace.contracts.executor import GroupEntry
-from hwplace.contracts.registry import GroupRecord, LeaseConflict
+from hwplace.contracts.registry import GroupRecord, LeaseConflict, WorkerRecord
 from hwplace.foundation.errors import ChannelLost, ConfigError
 from hwplace.inventory.leases import LeaseBook
 from hwplace.runtime.turns.arbiter import TurnServer
@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 OPERATIONS = frozenset({
     "kv_put", "kv_wait", "find_group", "node_of", "turn_arbiter", "create_channel", "connect_channel", "stash",
-    "fetch", "register_group", "deregister_group", "snapshot",
+    "fetch", "register_group", "deregister_group", "update_workers", "snapshot",
 })
 """What the other processes may ask of the hub."""
 
@@ -215,6 +215,10 @@ class Hub:
     def deregister_group(self, job_id: str, group: str) -> None:
         with self._lock:
             self._book.deregister_group(job_id, group)
+
+    def update_workers(self, job_id: str, group: str, workers: Sequence[WorkerRecord]) -> None:
+        with self._lock:
+            self._book.update_workers(job_id, group, workers)
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
