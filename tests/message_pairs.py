@@ -50,5 +50,5 @@ def two_pairs(a: Placement, b: Placement) -> tuple[Pair, Pair]:
 
     entry_a = GroupEntry("a", "launch-a", (a,), ("127.0.0.1",))
     entry_b = GroupEntry("b", "launch-b", (b,), ("127.0.0.1",))
-    return (Pair(connector, ("a", 0), "launch-a", a, lambda: None, entry_b, 0),
-            Pair(connector, ("b", 0), "launch-b", b, lambda: None, entry_a, 0))
+    return (Pair(connector, entry_a, 0, a, lambda: None, entry_b, 0),
+            Pair(connector, entry_b, 0, b, lambda: None, entry_a, 0))

@@ -149,12 +149,24 @@ class GroupRuntime:
 @dataclass(frozen=True)
 class GroupEntry:
     """A running group as its executor lists it for other processes: ``launch_id`` is unique to this launch
-    (a group relaunched under its name gets a new one), ``placements`` and node ``addresses`` are in rank order."""
+    (a group relaunched under its name gets a new one), ``placements`` and node ``addresses`` are in rank order.
+
+    With restarts (``hwplace.executor.Restarts``), ``incarnations`` counts each rank's processes (0: its first;
+    a restarted rank's communicators are keyed by it) and ``states`` says which ranks are ``restarting`` or
+    ``dead`` (empty: all serve, the first process of each)."""
 
     name: str
     launch_id: str
     placements: tuple[Placement, ...]
     addresses: tuple[str, ...]
+    incarnations: tuple[int, ...] = ()
+    states: tuple[str, ...] = ()
+
+    def incarnation(self, rank: int) -> int:
+        return self.incarnations[rank] if rank < len(self.incarnations) else 0
+
+    def state(self, rank: int) -> str:
+        return self.states[rank] if rank < len(self.states) else "serving"
 
 
 class Executor:

@@ -167,12 +167,19 @@ class Incarnations:
     def __init__(self, size: int) -> None:
         self._lock = threading.Lock()
         self._current = [0] * size
+        self._states = [SERVING] * size
         self._answers: dict[tuple[int, int], _Answer] = {}
         self._on_death: Callable[[int, str], bool] | None = None
         self._closed = False
+        self._publish: Callable[[tuple[int, ...], tuple[str, ...]], None] | None = None
 
     def current(self, rank: int) -> int:
         return self._current[rank]
+
+    def publish(self, publish: Callable[[tuple[int, ...], tuple[str, ...]], None]) -> None:
+        """From now on, tell ``publish(incarnations, states)`` each change: the executor puts them in the group's
+        :class:`~hwplace.contracts.executor.GroupEntry`, where the peers' messaging reads them."""
+        self._publish = publish
 
     def watch(self, on_death: Callable[[int, str], bool]) -> None:
         self._on_death = on_death
@@ -183,11 +190,21 @@ class Incarnations:
             self._closed = True
 
     def replace(self, rank: int) -> int:
-        """``rank`` gets a new process (its old one, if alive, is stopped as restarted): the new incarnation."""
+        """``rank`` gets a new process (its old one, if alive, is stopped as restarted): the new incarnation.
+        Told (``publish``) before the process starts, so that it finds its own incarnation in the entry."""
         with self._lock:
             self._answers.setdefault((rank, self._current[rank]), _Answer(True))
             self._current[rank] += 1
-            return self._current[rank]
+            self._states[rank] = SERVING
+            incarnation = self._current[rank]
+        self._told()
+        return incarnation
+
+    def _told(self) -> None:
+        if self._publish is not None:
+            with self._lock:
+                incarnations, states = tuple(self._current), tuple(self._states)
+            self._publish(incarnations, states)
 
     def died(self, rank: int, incarnation: int, cause: str) -> bool:
         """Incarnation ``incarnation`` of ``rank`` died: whether the rank will be restarted."""
@@ -200,11 +217,15 @@ class Incarnations:
                     return False
                 answer = self._answers[key] = _Answer()
             on_death = self._on_death
-        if first:
-            assert on_death is not None
+        if first and on_death is not None:
             try:
-                answer.give(bool(on_death(rank, cause)))
+                restarting = bool(on_death(rank, cause))
             except BaseException:
                 answer.give(False)
                 raise
+            with self._lock:
+                if incarnation == self._current[rank]:  # not yet replaced: the peers learn it is down
+                    self._states[rank] = RESTARTING if restarting else DEAD
+            self._told()
+            answer.give(restarting)
         return answer.get()

@@ -274,8 +274,11 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
         directory = json.dumps([spec.node.node_id for spec in request.workers]).encode()
         internal_kv()._internal_kv_put(f"group:{request.name}", directory, overwrite=True, namespace=kv_namespace())
         workers = request.workers
-        rendezvous().put_entry(GroupEntry(request.name, os.urandom(8).hex(), tuple(s.placement for s in workers),
-                                          tuple(s.node.address for s in workers)))
+        entry = GroupEntry(request.name, os.urandom(8).hex(), tuple(s.placement for s in workers),
+                           tuple(s.node.address for s in workers))
+        rendezvous().put_entry(entry)
+        runtime.incarnations.publish(lambda incarnations, states: rendezvous().put_entry(
+            replace(entry, incarnations=incarnations, states=states)))
         from hwplace_plugins.ray.turns import start_arbiters  # noqa: PLC0415 (imports Ray: loaded on first use)
 
         with self._lock:

@@ -52,6 +52,13 @@ def serving(group: hwplace.WorkerGroup) -> list[hwplace.RankStatus]:
         time.sleep(0.05)
 
 
+def restarted(group: hwplace.WorkerGroup, rank: int, restarts: int = 1) -> list[hwplace.RankStatus]:
+    """The group's status once ``rank`` has used ``restarts`` restarts and no rank is restarting (polled)."""
+    while group.status()[rank].restarts < restarts:
+        time.sleep(0.05)
+    return serving(group)
+
+
 def launch(cluster: hwplace.Cluster, component: str, restart: hwplace.Restart | None) -> hwplace.WorkerGroup:
     strategy = hwplace.ComponentPlacement(cluster.config, cluster).get_strategy(component)
     return Service.create_group("t").launch(cluster, strategy, name=component, restart=restart)
@@ -94,9 +101,7 @@ def test_a_rank_that_dies_idle_is_restarted_too_and_restarts_used_up_end_the_gro
     try:
         pid = group.who().wait()[0]["pid"]
         os.kill(pid, signal.SIGKILL)  # no call in flight: the executor's watch sees it
-        while group.status()[0].restarts == 0:
-            time.sleep(0.05)
-        serving(group)
+        restarted(group, 0)
         second = group.execute_on(0).who().wait()[0]
         assert second["pid"] != pid and second["restarted_with"][1] == 1
         with pytest.raises(hwplace.WorkerError) as caught:
@@ -153,3 +158,58 @@ def test_a_bad_policy_is_refused_by_key(cluster: hwplace.Cluster) -> None:
         hwplace.Restart(max_restarts=1, scope="grop")
     with pytest.raises(hwplace.ConfigError, match="restart"):
         launch(cluster, "other", {"max_restarts": 1})  # type: ignore[arg-type]
+
+
+class Talker(hwplace.Worker):
+    """Sends to and receives from a peer; tells whether it is a restarted process."""
+
+    def __init__(self) -> None:
+        self.attempt = 0
+
+    def on_restart(self, info: Any) -> None:
+        self.attempt = info.attempt
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def send_to(self, group: str, rank: int, message: Any) -> None:
+        self.send((self.attempt, message), group, rank)
+
+    def recv_from(self, group: str, rank: int) -> Any:
+        return self.recv(group, rank)  # no timeout: the module's limit is around it
+
+
+def test_a_survivor_s_recv_waits_for_its_restarting_peer_and_talks_to_the_new_process(
+        cluster: hwplace.Cluster) -> None:
+    plan = hwplace.ComponentPlacement(cluster.config, cluster)
+    peers = Talker.create_group().launch(cluster, plan.get_strategy("svc"), name="peers",
+                                         restart=hwplace.Restart(max_restarts=1))
+    try:
+        first = peers.execute_on(0).recv_from("peers", 1)  # a pair connects once both ends use it
+        peers.execute_on(1).send_to("peers", 0, "before").wait()
+        assert first.wait() == [(0, "before")]
+        waiting = peers.execute_on(0).recv_from("peers", 1)  # waits through the peer's death and restart
+        os.kill(peers.execute_on(1).pid().wait()[0], signal.SIGKILL)
+        restarted(peers, 1)
+        peers.execute_on(1).send_to("peers", 0, "after").wait()  # the new process: a new pair, built on first use
+        assert waiting.wait() == [(1, "after")]
+        back = peers.execute_on(1).recv_from("peers", 0)
+        peers.execute_on(0).send_to("peers", 1, "back").wait()  # and the survivor's sends reach it too
+        assert back.wait() == [(0, "back")]
+    finally:
+        peers.shutdown()
+
+
+def test_a_recv_from_a_peer_that_died_for_good_is_a_worker_error_naming_it(cluster: hwplace.Cluster) -> None:
+    plan = hwplace.ComponentPlacement(cluster.config, cluster)
+    peers = Talker.create_group().launch(cluster, plan.get_strategy("pair"), name="mortal")
+    try:
+        first = peers.execute_on(0).recv_from("mortal", 1)
+        peers.execute_on(1).send_to("mortal", 0, "hello").wait()
+        assert first.wait() == [(0, "hello")]
+        waiting = peers.execute_on(0).recv_from("mortal", 1)
+        os.kill(peers.execute_on(1).pid().wait()[0], signal.SIGKILL)
+        with pytest.raises(hwplace.WorkerError, match=r"group 'mortal' rank 0.*group 'mortal' rank 1"):
+            waiting.wait()
+    finally:
+        peers.shutdown()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,9 @@ from hwplace.runtime.messaging.communicator import (
 )
 from hwplace.runtime.messaging.devices import chosen_device
 from hwplace.runtime.messaging.pair import MessageHandle, Pair, first_line
+
+NOTICE = 5.0  # seconds an executor may take to see a peer's death before a recv takes it as final
+POLL = 0.05  # seconds between looks at a restarting peer's group entry
 
 
 class Messenger:
@@ -65,24 +69,46 @@ class Messenger:
             checked = check_member(entry, rank, "rank")
             if (group, checked) == (self.context.group, self.context.rank):
                 raise ConfigError("rank", f"group {group!r} rank {checked} is this worker; send to another one")
-            if found is not None and found.peer.launch_id == entry.launch_id:
-                return found  # the same, failed peer: its error stands
-            me = (self.context.group, self.context.rank)
-            made = self.pairs[(group, checked)] = Pair(self.connect, me, self.entry.launch_id,
+            if found is not None and (found.peer.launch_id, found.peer.incarnation(checked)) == \
+                    (entry.launch_id, entry.incarnation(checked)):
+                return found  # the same, failed peer process: its error stands
+            made = self.pairs[(group, checked)] = Pair(self.connect, self.entry, self.context.rank,
                                                        self.context.placement, self.chosen, entry, checked)
             return made
 
     def recv(self, group: str, rank: int, async_op: bool, timeout: float | None) -> Any:
-        pair = self.pair(group, rank)
-        future = pair.claim()
-        if async_op:
-            return MessageHandle(future, f"recv from {pair}")
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            if pair.withdraw(future):
-                raise TimeoutError(f"recv from {pair}: nothing came within {timeout:g} s") from None
-            return future.result()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pair = self.pair(group, rank)
+            future = pair.claim()
+            if async_op:
+                return MessageHandle(future, f"recv from {pair}")
+            try:
+                return future.result(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                if pair.withdraw(future):
+                    raise TimeoutError(f"recv from {pair}: nothing came within {timeout:g} s") from None
+                return future.result()
+            except WorkerError as exc:
+                if (exc.group, exc.rank) != (pair.peer.name, pair.rank) or not self._restarted(pair, deadline):
+                    raise
+
+    def _restarted(self, pair: Pair, deadline: float | None) -> bool:
+        """The peer of a failed ``pair`` died: wait until its group has started it again (``True``: a new pair
+        reaches it), or say ``False`` when it stays dead (no restart comes, or its group ended). A peer that is
+        restarting is waited for until ``deadline``, then ``TimeoutError``."""
+        noticed = time.monotonic()
+        while True:
+            entry = self.executor.find_group(pair.peer.name)
+            if entry is None or entry.launch_id != pair.peer.launch_id or entry.state(pair.rank) == "dead":
+                return False
+            if entry.incarnation(pair.rank) != pair.peer.incarnation(pair.rank):
+                return True
+            if entry.state(pair.rank) != "restarting" and time.monotonic() - noticed > NOTICE:
+                return False  # its executor has not seen a death it would restart: none is coming
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"recv from {pair}: it is restarting and did not come back in time") from None
+            time.sleep(POLL)
 
     def broadcast(self, obj: Any, src: tuple[str, int], groups: Sequence[str]) -> Any:
         if isinstance(groups, str) or not groups or not all(isinstance(g, str) for g in groups):

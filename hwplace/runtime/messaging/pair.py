@@ -150,14 +150,17 @@ class Pair:
     threads chose (:func:`hwplace.runtime.messaging.devices.chosen_device`), read when a device tensor lands.
     """
 
-    def __init__(self, connector: Callable[[str, tuple[Member, ...], int], Communicator], me: Member,
-                 launch_id: str, placement: Placement, chosen: Callable[[], int | None], peer: GroupEntry,
+    def __init__(self, connector: Callable[[str, tuple[Member, ...], int], Communicator], me: GroupEntry,
+                 my_rank: int, placement: Placement, chosen: Callable[[], int | None], peer: GroupEntry,
                  rank: int) -> None:
         self.peer, self.rank, self.placement, self.chosen = peer, rank, placement, chosen
-        self.members: tuple[Member, ...] = tuple(sorted([me, (peer.name, rank)]))
-        self.index = self.members.index(me)
-        launches = {me[0]: launch_id, peer.name: peer.launch_id}
-        self.key = "msg/" + "|".join(f"{g}#{launches[g]}/{r}" for g, r in self.members)
+        mine: Member = (me.name, my_rank)
+        self.members: tuple[Member, ...] = tuple(sorted([mine, (peer.name, rank)]))
+        self.index = self.members.index(mine)
+        entries = {me.name: me, peer.name: peer}
+        # keyed by each end's launch and process (its incarnation): a restarted end meets its peer afresh
+        self.key = "msg/" + "|".join(f"{g}#{entries[g].launch_id}/{r}.{entries[g].incarnation(r)}"
+                                     for g, r in self.members)
         self.ready = threading.Event()
         self.comm: Communicator | None = None
         self.path = HOST  # how device tensors travel, decided on connection

@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from hwplace.contracts.capabilities import (
@@ -167,8 +168,11 @@ class ProcessExecutor(Executor, ChannelHosting, Rendezvous, Leases, TurnArbitrat
             self._groups[request.name] = runtime
             running = dict(self._groups)
         workers = request.workers
-        service.hub.put_entry(GroupEntry(request.name, os.urandom(8).hex(), tuple(s.placement for s in workers),
-                                         tuple(s.node.address for s in workers)))
+        entry = GroupEntry(request.name, os.urandom(8).hex(), tuple(s.placement for s in workers),
+                           tuple(s.node.address for s in workers))
+        service.hub.put_entry(entry)
+        runtime.incarnations.publish(lambda incarnations, states: service.hub.put_entry(
+            replace(entry, incarnations=incarnations, states=states)))
         components = {name: [spec.placement for spec in group.specs] for name, group in running.items()}
         service.hub.start_arbiters(workers[rank].node.node_id for (name, rank) in shared_accelerators(components)
                                    if name == request.name)
