@@ -73,7 +73,8 @@ def test_status_of_the_connected_cluster_as_a_table_and_as_json(launched: hwplac
     out, err = io.StringIO(), io.StringIO()
     assert main(["status"], out, err) == 0, err.getvalue()
     text = re.sub(" +", " ", out.getvalue())  # columns widen with the other rows
-    assert re.search(r"\n status-test watched \S*test_status\.Idle 0-1 1 2 serving node 1: fake-accelerator 0,1\n", text), text
+    row = r"\n status-test watched \S*test_status\.Idle 0-1 1 2 serving node 1: fake-accelerator 0,1\n"
+    assert re.search(row, text), text
     assert " fake-accelerator 0 1 (" in text
     assert " status-items status-test " in text
     out = io.StringIO()
