@@ -1,0 +1,381 @@
+"""The placement search (SPEC §13): every layout of a job's components on the accelerators of its cluster,
+each predicted with the cost model of :mod:`hwplace.planning.cost`, the best kept per layout.
+
+A *layout* says which components colocate: a partition of the components into cells (all colocated, all
+apart, or a mix). A *plan* of a layout puts its cells, in some order, on consecutive accelerators from rank 0
+of group ``cluster`` (the rest stay unused), each cell on a run of accelerators of its own, all of its
+components on all of them, one process per ``devices_per_process`` accelerators. The search tries every
+order and every size of every cell that the profile can predict (:meth:`ComponentProfile.at`), drops what
+does not fit memory (the rule of :mod:`hwplace.planning.memory`) or splits a process across nodes, and keeps
+each layout's fastest plan by branch and bound: the same answer as trying every plan, found without trying
+most. Components placed on another node group keep the placement written (``fixed``). Imports the layers below
+and the other modules of :mod:`hwplace.planning`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from hwplace.config.job_config import JobConfig
+from hwplace.config.resources import ComponentResources
+from hwplace.contracts.records import Placement
+from hwplace.foundation.errors import PlacementError
+from hwplace.foundation.wording import plural
+from hwplace.inventory.cluster import Cluster
+from hwplace.planning.component import ComponentPlacement
+from hwplace.planning.cost import SyncCost, memory_of, slowest, swap_seconds, sync_seconds
+from hwplace.planning.memory import capacity_of, peak
+from hwplace.planning.profile import NotMeasured, Point, Profile
+from hwplace.planning.resources import Resource, resource_space
+from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SAME_NODE
+
+MAX_COMPONENTS = 6  # 203 layouts of 6 components; beyond that, search fewer at a time
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A component in a planned cell: its processes, each of ``devices_per_process`` accelerators, and the
+    profile point that predicts it."""
+
+    component: str
+    processes: int
+    devices_per_process: int
+    point: Point
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A cell of a plan: components on accelerators ``first`` to ``first + size - 1`` of group ``cluster``,
+    taking turns; ``seconds`` per step with the syncs that touch it, ``peak`` memory of each of its accelerators
+    (``None``: no figure known)."""
+
+    slots: tuple[Slot, ...]
+    first: int
+    size: int
+    seconds: float
+    peak: int | None
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return tuple(slot.component for slot in self.slots)
+
+    def placements(self) -> dict[str, str]:
+        """Each component's placement string: one key for the cell where its processes are alike."""
+        span = f"{self.first}-{self.first + self.size - 1}" if self.size > 1 else str(self.first)
+        text = {s.component: span if s.devices_per_process == 1 else
+                f"{span}:{'0' if s.processes == 1 else f'0-{s.processes - 1}'}" for s in self.slots}
+        if len(set(text.values())) == 1:
+            return {",".join(self.components): text[self.slots[0].component]}
+        return text
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A layout and its best plan (``None`` with ``reason`` when none could be predicted)."""
+
+    layout: tuple[tuple[str, ...], ...]
+    cells: tuple[Cell, ...] | None
+    step_seconds: float | None
+    syncs: tuple[SyncCost, ...] = ()
+    reason: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``"trainer,rollout | reward"``: who colocates with whom."""
+        return " | ".join(",".join(cell) for cell in self.layout)
+
+    @property
+    def peak(self) -> int | None:
+        known = [c.peak for c in self.cells or () if c.peak is not None]
+        return max(known) if known else None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Every layout, the predicted ones fastest first, then those the profile could not predict."""
+
+    candidates: tuple[Candidate, ...]
+    devices: int
+    description: str
+    fixed: Mapping[str, str]  # component -> its written placement entry, as YAML
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+    def component_placement(self, candidate: Candidate | None = None) -> str:
+        """The ``component_placement:`` of a predicted candidate (the best by default), as YAML to paste."""
+        chosen = candidate or self.best
+        assert chosen.cells is not None
+        lines = ["component_placement:"]
+        for cell in chosen.cells:
+            lines += [f"  {key}: {value}" for key, value in cell.placements().items()]
+        lines += [f"  {key}: {value}" for key, value in self.fixed.items()]
+        return "\n".join(lines) + "\n"
+
+
+@dataclass
+class _Block:
+    """One cell of a layout, its possible sizes precomputed: ``by_size[s] = (seconds, peak, slots)``."""
+
+    names: tuple[str, ...]
+    by_size: dict[int, tuple[float, int | None, tuple[Slot, ...]]]
+    best_below: list[float]  # best_below[s]: the least seconds of any size up to s (inf if none)
+    reason: str | None
+
+    def __post_init__(self) -> None:
+        self.rising = [-seconds for seconds in self.best_below]
+
+
+def search(job: JobConfig, cluster: Cluster, profile: Profile) -> SearchResult:
+    """Search the placements of ``job``'s components on ``cluster`` (see the module docstring). A
+    :class:`~hwplace.planning.profile.NotMeasured` when no layout at all can be predicted, naming why."""
+    space = resource_space(cluster, [job.cluster.group("cluster")])
+    if space.is_node_kind or not len(space):
+        raise PlacementError(f"--search places components on accelerators, and there are none: {space.description}")
+    searched = [n for n, spec in job.cluster.components.items() if spec.node_groups == ("cluster",)]
+    if not searched:
+        raise PlacementError("--search places the components of group 'cluster', and none is placed there")
+    if len(searched) > MAX_COMPONENTS:
+        raise PlacementError(f"--search takes at most {MAX_COMPONENTS} components on group 'cluster', and there "
+                             f"are {len(searched)}")
+    for name in searched:
+        profile.component(name)
+    fixed_specs = {n: s for n, s in job.cluster.components.items() if n not in searched}
+    fixed = _fixed_placements(job, cluster, fixed_specs)
+    state = _State(job, profile, space.resources, searched, fixed)
+    layouts = {tuple(sorted(layout, key=lambda cell: searched.index(cell[0]))) for layout in _partitions(searched)}
+    candidates = [state.best(layout) for layout in sorted(layouts, key=lambda lay: (len(lay), lay))]
+    found = sorted((c for c in candidates if c.step_seconds is not None), key=lambda c: c.step_seconds or 0.0)
+    if not found:
+        reasons = "; ".join(f"{c.label}: {c.reason}" for c in candidates)
+        raise NotMeasured(f"no placement of {', '.join(searched)} on {space.description} can be predicted from "
+                          f"the profile: {reasons}", component=searched[0])
+    written = {n: _written(s.placement, s.node_groups) for n, s in fixed_specs.items()}
+    return SearchResult((*found, *(c for c in candidates if c.step_seconds is None)), len(space),
+                        space.description, written)
+
+
+def _written(placement: str, groups: tuple[str, ...]) -> str:
+    return f'{{node_group: {",".join(groups)}, placement: "{placement}"}}'
+
+
+def _fixed_placements(job: JobConfig, cluster: Cluster, specs: Mapping[str, object]) -> dict[str, list[Placement]]:
+    if not specs:
+        return {}
+    alone = replace(job.cluster, components={n: s for n, s in job.cluster.components.items() if n in specs})
+    plan = ComponentPlacement(JobConfig(alone), cluster)
+    return {name: plan.get_placements(name) for name in specs}
+
+
+def _partitions(items: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """Every set partition of ``items``, each block in the order given, blocks by their first item."""
+    if not items:
+        yield ()
+        return
+    first, rest = items[0], items[1:]
+    for smaller in _partitions(rest):
+        yield ((first,), *smaller)
+        for i in range(len(smaller)):
+            yield (*smaller[:i], (first, *smaller[i]), *smaller[i + 1:])
+
+
+class _State:
+    """What the search of every layout shares: each component's options per size, the devices, the syncs."""
+
+    def __init__(self, job: JobConfig, profile: Profile, resources: Sequence[Resource], searched: list[str],
+                 fixed: Mapping[str, list[Placement]]) -> None:
+        self.job, self.profile, self.searched = job, profile, searched
+        self.found: tuple[float, tuple[Cell, ...], tuple[SyncCost, ...]] | None = None
+        self.bound = math.inf
+        self.node_of = [r.node_rank for r in resources]
+        caps = [capacity_of(r.device.properties) for r in resources]
+        self.n = len(self.node_of)
+        self.starts = [i for i in range(1, self.n) if self.node_of[i] != self.node_of[i - 1]]
+        self.caps = _RangeMin([math.inf if c is None else c for c in caps])
+        self.declared = {r.component: r for r in job.resources}
+        self.options = {name: self._options(name) for name in searched}
+        self.syncs = [(spec, profile.sync_bytes(spec.name)) for spec in job.weight_sync]
+        self.fixed = fixed
+        self.fixed_points: dict[str, Point] = {}
+        for name, ranks in fixed.items():
+            if name in profile.components:
+                per = len(ranks[0].local_hardware_ranks) if ranks[0].local_accelerator_id >= 0 else 1
+                self.fixed_points[name] = profile.component(name).at(len(ranks), per)
+
+    def _options(self, name: str) -> dict[int, tuple[Point, ComponentResources | None]]:
+        """The fastest predictable point of ``name`` for each number of accelerators it may hold."""
+        entry = self.profile.component(name)
+        per_options = sorted({p.devices_per_process for p in entry.points})
+        found: dict[int, tuple[Point, ComponentResources | None]] = {}
+        for size in range(1, self.n + 1):
+            for per in per_options:
+                if size % per:
+                    continue
+                try:
+                    point = entry.at(size // per, per)
+                except NotMeasured:
+                    continue
+                if size not in found or point.seconds < found[size][0].seconds:
+                    found[size] = (point, memory_of(name, point, self.declared))
+        return found
+
+    def _block(self, names: tuple[str, ...]) -> _Block:
+        sizes = set.intersection(*(set(self.options[n]) for n in names))
+        by_size: dict[int, tuple[float, int | None, tuple[Slot, ...]]] = {}
+        reason = None
+        for size in sorted(sizes):
+            members = [(n, *self.options[n][size]) for n in names]
+            try:
+                seconds = sum(p.seconds + swap_seconds(n, p, m, len(names) > 1) for n, p, m in members)
+            except NotMeasured as exc:
+                reason = reason or exc.reason
+                continue
+            slots = tuple(Slot(n, p.processes, p.devices_per_process, p) for n, p, _ in members)
+            if not self._source_rank_fits(slots):
+                reason = reason or "a weight sync's source_rank is beyond the source's processes"
+                continue
+            held = [(m, 1) for _, _, m in members if m is not None]
+            by_size[size] = (seconds, peak(held)[0] if held else None, slots)
+        if not sizes:
+            reason = "; ".join(f"{n} is predictable on {_sizes(sorted(self.options[n]))}" for n in names)
+            reason = f"no number of accelerators predicts {'all of ' if len(names) > 1 else ''}them: {reason}"
+        best_below, least = [math.inf] * (self.n + 1), math.inf
+        for size in range(1, self.n + 1):
+            if size in by_size:
+                least = min(least, by_size[size][0])
+            best_below[size] = least
+        return _Block(names, by_size, best_below, None if by_size else reason)
+
+    def _source_rank_fits(self, slots: tuple[Slot, ...]) -> bool:
+        processes = {s.component: s.processes for s in slots}
+        return all(spec.source_rank < processes[spec.source] for spec, _ in self.syncs if spec.source in processes)
+
+    def best(self, layout: tuple[tuple[str, ...], ...]) -> Candidate:
+        blocks = [self._block(names) for names in layout]
+        missing = [b.reason for b in blocks if b.reason]
+        if missing:
+            return Candidate(layout, None, None, reason="; ".join(missing))
+        floor = max((seconds for seconds, _ in self._fixed_cells()), default=0.0)
+        self.found, self.bound = None, math.inf
+        for order in itertools.permutations(blocks):
+            self._descend(list(order), 0, 0, floor, [])
+        if self.found is None:
+            return Candidate(layout, None, None, reason=f"no split of the {self.n} accelerators fits the memory "
+                             "and the process layout of every cell")
+        step, cells, syncs = self.found
+        return Candidate(layout, cells, step, syncs)
+
+    def _fixed_cells(self) -> list[tuple[float, str]]:
+        return [(p.seconds, n) for n, p in self.fixed_points.items()]
+
+    def _descend(self, order: list[_Block], index: int, first: int, worst: float,
+                 chosen: list[tuple[_Block, int, int]]) -> None:
+        if index == len(order):
+            self._evaluate(chosen)
+            return
+        block = order[index]
+        rest = order[index + 1:]
+        need = sum(_need(b, self.bound) for b in rest)
+        room = self.n - first - need
+        for size in range(min(room, self.n), 0, -1):
+            if max(block.best_below[size], worst) >= self.bound:
+                break
+            entry = block.by_size.get(size)
+            if entry is None or max(entry[0], worst) >= self.bound:
+                continue
+            seconds, held, slots = entry
+            if held is not None and held > self.caps.least(first, first + size):
+                continue
+            if any(s.devices_per_process > 1 and self._splits(first, size, s.devices_per_process) for s in slots):
+                continue
+            chosen.append((block, first, size))
+            self._descend(order, index + 1, first + size, max(worst, seconds), chosen)
+            chosen.pop()
+
+    def _splits(self, first: int, size: int, per: int) -> bool:
+        """Whether a process of ``per`` accelerators from ``first`` on would span two nodes."""
+        i = bisect.bisect_right(self.starts, first)
+        while i < len(self.starts) and self.starts[i] < first + size:
+            if (self.starts[i] - first) % per:
+                return True
+            i += 1
+        return False
+
+    def _evaluate(self, chosen: list[tuple[_Block, int, int]]) -> None:
+        where = {}
+        for block, first, size in chosen:
+            for slot in block.by_size[size][2]:
+                where[slot.component] = (first, slot)
+        syncs, touched = [], []
+        for spec, amount in self.syncs:
+            transport = slowest(self._transport(spec.source, spec.source_rank, t, where) for t in spec.targets)
+            syncs.append(SyncCost(spec.name, transport, sync_seconds(amount, transport, self.profile.bandwidth)))
+            touched.append({spec.source, *spec.targets})
+        cells, step = [], 0.0
+        for block, first, size in chosen:
+            seconds, held, slots = block.by_size[size]
+            seconds += sum(s.seconds for s, names in zip(syncs, touched, strict=True) if names & set(block.names))
+            cells.append(Cell(slots, first, size, seconds, held))
+            step = max(step, seconds)
+        for seconds, name in self._fixed_cells():
+            step = max(step, seconds + sum(s.seconds for s, names in zip(syncs, touched, strict=True)
+                                           if name in names))
+        if step < self.bound:
+            self.bound = step
+            self.found = (step, tuple(cells), tuple(syncs))
+
+    def _transport(self, source: str, rank: int, target: str, where: Mapping[str, tuple[int, Slot]]) -> str:
+        if source in where:
+            first, slot = where[source]
+            low = first + rank * slot.devices_per_process
+            high, node = low + slot.devices_per_process - 1, self.node_of[low]
+        else:
+            low, high, node = -1, -1, self.fixed[source][rank].node_rank
+        if target not in where:
+            return SAME_NODE if all(p.node_rank == node for p in self.fixed[target]) else OTHER_NODE
+        start, other = where[target]
+        end = start + other.processes * other.devices_per_process - 1
+        if self.node_of[start] != node or self.node_of[end] != node:
+            return OTHER_NODE
+        per = other.devices_per_process
+        if start + per - 1 >= low >= 0 and start + (other.processes - 1) * per <= high:
+            return SAME_DEVICE
+        return SAME_NODE
+
+
+def _need(block: _Block, bound: float) -> int:
+    """The fewest accelerators ``block`` can take in a plan faster than ``bound`` (more than there are when
+    it can take none): ``best_below`` does not grow, so its negation is sorted."""
+    return bisect.bisect_right(block.rising, -bound)
+
+
+def _sizes(sizes: list[int]) -> str:
+    if not sizes:
+        return "no number of accelerators"
+    return plural(len(sizes), "count") + " of accelerators: " + ", ".join(map(str, sizes[:8])) + \
+        (", ..." if len(sizes) > 8 else "")
+
+
+class _RangeMin:
+    """The least of a run of values, in constant time (a sparse table)."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.uniform = len(set(values)) <= 1
+        self.table = [values]
+        width = 1
+        while 2 * width <= len(values):
+            row = self.table[-1]
+            self.table.append([min(row[i], row[i + width]) for i in range(len(values) - 2 * width + 1)])
+            width *= 2
+
+    def least(self, start: int, stop: int) -> float:
+        if self.uniform:
+            return self.table[0][0]
+        level = (stop - start).bit_length() - 1
+        row = self.table[level]
+        return min(row[start], row[stop - (1 << level)])
