@@ -33,6 +33,8 @@ from hwplace.planning.profile import NotMeasured, Point, Profile
 from hwplace.planning.resources import Resource, resource_space
 from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SAME_NODE
 
+NO_SPLIT = ("no split of the accelerators fits: a cell's peak memory exceeds its accelerators' capacity, a "
+            "process would span two nodes, or the cells need more accelerators than there are")
 MAX_COMPONENTS = 6  # 203 layouts of 6 components; beyond that, search fewer at a time
 
 
@@ -153,6 +155,8 @@ def search(job: JobConfig, cluster: Cluster, profile: Profile) -> SearchResult:
     found = sorted((c for c in candidates if c.step_seconds is not None), key=lambda c: c.step_seconds or 0.0)
     if not found:
         reasons = "; ".join(f"{c.label}: {c.reason}" for c in candidates)
+        if any(c.reason == NO_SPLIT for c in candidates):
+            raise PlacementError(f"no placement of {', '.join(searched)} on {space.description} fits: {reasons}")
         raise NotMeasured(f"no placement of {', '.join(searched)} on {space.description} can be predicted from "
                           f"the profile: {reasons}", component=searched[0])
     written = {n: _written(s.placement, s.node_groups) for n, s in fixed_specs.items()}
@@ -265,8 +269,7 @@ class _State:
         for order in itertools.permutations(blocks):
             self._descend(list(order), 0, 0, floor, [])
         if self.found is None:
-            return Candidate(layout, None, None, reason=f"no split of the {self.n} accelerators fits the memory "
-                             "and the process layout of every cell")
+            return Candidate(layout, None, None, reason=NO_SPLIT)
         step, cells, syncs = self.found
         return Candidate(layout, cells, step, syncs)
 

@@ -1,0 +1,160 @@
+"""The placement search equals brute force: on every fake cluster of up to 16 accelerators (every number of
+nodes, even and uneven), each layout's best predicted step is the least that trying every plan of that layout
+finds, where each plan is built as a real ``component_placement`` (``ComponentPlacement``) and predicted by
+``hwplace.planning.cost.predict`` from its placements, not by the search's own arithmetic."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import yaml
+
+from hwplace.config.job_config import parse_job_config
+from hwplace.foundation.errors import PlacementError
+from hwplace.foundation.settings import FAKE_ACCELERATOR
+from hwplace.inventory.cluster import Cluster
+from hwplace.inventory.offline import fake_cluster
+from hwplace.planning.component import ComponentPlacement
+from hwplace.planning.cost import predict
+from hwplace.planning.profile import NotMeasured, Profile, parse_profile
+from hwplace.planning.search import search
+
+
+def point(processes: int, stage: str, seconds: float, memory: dict[str, str], *, per: int = 1,
+          swap: float | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"processes": processes, "devices_per_process": per,
+                             "stages": {stage: {"seconds": seconds}}, "memory": memory}
+    if swap is not None:
+        entry["offload"] = {"seconds": swap / 2}
+        entry["onload"] = {"seconds": swap / 2}
+    return entry
+
+
+TRAINER = {"scaling": "data-parallel", "points": [
+    point(1, "train", 9.0, {"train": "50GiB", "offloaded": "1GiB"}, swap=0.6),
+    point(4, "train", 2.6, {"train": "50GiB", "offloaded": "1GiB"}, swap=0.4),
+    point(16, "train", 1.1, {"train": "50GiB", "offloaded": "1GiB"}, swap=0.3)]}
+ROLLOUT = {"scaling": "data-parallel", "points": [  # two accelerators a process; it keeps 25 GiB between turns
+    point(1, "generate", 7.0, {"generate": "40GiB", "idle": "25GiB"}, per=2),
+    point(2, "generate", 3.9, {"generate": "40GiB", "idle": "25GiB"}, per=2),
+    point(8, "generate", 1.3, {"generate": "40GiB", "idle": "25GiB"}, per=2)]}
+REWARD = {"points": [  # measured only on 1 and 2 processes; it takes no turns
+    point(1, "score", 2.5, {"score": "10GiB"}),
+    point(2, "score", 1.5, {"score": "10GiB"})]}
+
+
+def make_profile(**components: dict[str, Any]) -> Profile:
+    return parse_profile({"version": 1, "components": components, "weight_sync": {"policy": {"bytes": "4GB"}},
+                          "bandwidth": {"same-device": "400GB", "same-node": "20GB", "other-node": "5GB"}})
+
+
+def job_of(names: Sequence[str], placement: dict[str, str] | None = None, num_nodes: int = 1) -> Any:
+    placement = placement or {name: str(i) for i, name in enumerate(names)}
+    return parse_job_config({"cluster": {"num_nodes": num_nodes, "component_placement": placement},
+                             "weight_sync": {"policy": {"source": "trainer", "targets": ["rollout"]}}})
+
+
+def layouts(names: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """Every set partition, by labelling each component with a cell number (canonical labellings only)."""
+    for labels in itertools.product(range(len(names)), repeat=len(names)):
+        if all(labels[i] <= max(labels[:i], default=-1) + 1 for i in range(len(labels))):
+            cells = [tuple(n for n, label in zip(names, labels, strict=True) if label == k)
+                     for k in range(max(labels) + 1)]
+            yield tuple(cells)
+
+
+def cluster_of(names: Sequence[str], counts: list[int], gib: Sequence[int] = ()) -> Cluster:
+    """A fake cluster of ``counts`` accelerators per node; ``gib`` gives each accelerator's capacity in GiB, in
+    rank order (80 GiB each by default)."""
+    cluster = fake_cluster(job_of(names, num_nodes=len(counts)).cluster, accelerators_per_node=counts)
+    if not gib:
+        return cluster
+    sizes = iter(gib)
+    nodes = [dataclasses.replace(node, hardware={kind: tuple(
+        dataclasses.replace(d, properties={"memory_bytes": next(sizes) * 2**30}) for d in devices)
+        if kind == FAKE_ACCELERATOR else devices for kind, devices in node.hardware.items()})
+        for node in cluster.nodes]
+    return Cluster(cluster.config, nodes=nodes, plugin_manager=cluster.plugin_manager)
+
+
+def brute_force(names: Sequence[str], counts: list[int], profile: Profile,
+                gib: Sequence[int] = ()) -> dict[tuple[str, ...], float]:
+    """Each layout's least predicted step over every order and size of its cells, packed from accelerator 0,
+    each plan built as a real placement and predicted from it; a layout without a plan is absent."""
+    total = sum(counts)
+    cluster = cluster_of(names, counts, gib)
+    best: dict[tuple[str, ...], float] = {}
+    for layout in layouts(names):
+        key = tuple(",".join(cell) for cell in layout)
+        for order in itertools.permutations(layout):
+            for sizes in itertools.product(range(1, total + 1), repeat=len(order)):
+                if sum(sizes) > total:
+                    continue
+                placement, first = {}, 0
+                for cell, size in zip(order, sizes, strict=True):
+                    span = f"{first}-{first + size - 1}"
+                    for name in cell:
+                        per = profile.components[name].points[0].devices_per_process
+                        if size % per:
+                            break
+                        placement[name] = span if per == 1 else f"{span}:0-{size // per - 1}"
+                    first += size
+                if len(placement) < len(names):
+                    continue
+                try:
+                    plan = ComponentPlacement(job_of(names, placement, len(counts)), cluster)
+                    prediction = predict(plan, profile)
+                except (NotMeasured, PlacementError):
+                    continue
+                if prediction.fits and prediction.step_seconds < best.get(key, math.inf):
+                    best[key] = prediction.step_seconds
+    return best
+
+
+def shapes(most: int) -> list[list[int]]:
+    """Every even cluster of up to ``most`` accelerators, and uneven ones of two and three nodes."""
+    even = [[per] * nodes for nodes in range(1, most + 1) for per in range(1, most // nodes + 1)]
+    uneven = [[a, b] for a in range(1, most) for b in range(1, most - a + 1) if a != b and a + b <= most]
+    return even + uneven[::3] + [[4, 2, 1], [2, 3, 2], [5, 1, 6]]
+
+
+def check(names: Sequence[str], counts: list[int], profile: Profile, gib: Sequence[int] = ()) -> None:
+    expected = brute_force(names, counts, profile, gib)
+    cluster = cluster_of(names, counts, gib)
+    try:
+        result = search(job_of(names, num_nodes=len(counts)), cluster, profile)
+    except PlacementError:  # NotMeasured too
+        assert expected == {}, counts
+        return
+    found = {tuple(",".join(cell) for cell in c.layout): c.step_seconds for c in result.candidates
+             if c.step_seconds is not None}
+    assert found.keys() == expected.keys(), counts
+    for key, seconds in found.items():
+        assert seconds == pytest.approx(expected[key], rel=1e-12), (counts, key)
+    pasted = yaml.safe_load(result.component_placement())["component_placement"]
+    prediction = predict(ComponentPlacement(job_of(names, pasted, len(counts)), cluster), profile)
+    assert prediction.step_seconds == pytest.approx(result.best.step_seconds, rel=1e-12)
+    assert prediction.fits
+
+
+@pytest.mark.parametrize("counts", shapes(16), ids=lambda c: "x".join(map(str, c)))
+def test_two_components_equal_brute_force_on_every_cluster_up_to_16(counts: list[int]) -> None:
+    check(["trainer", "rollout"], counts, make_profile(trainer=TRAINER, rollout=ROLLOUT))
+
+
+@pytest.mark.parametrize("counts", [c for c in shapes(8) if len(c) <= 4], ids=lambda c: "x".join(map(str, c)))
+def test_three_components_equal_brute_force(counts: list[int]) -> None:
+    check(["trainer", "rollout", "reward"], counts, make_profile(trainer=TRAINER, rollout=ROLLOUT, reward=REWARD))
+
+
+@pytest.mark.parametrize("gib", [[40, 40, 80, 80, 80, 80, 40, 80], [80, 60, 80, 40, 80, 80, 24, 80],
+                                 [60] * 8, [40] * 8], ids=lambda g: "-".join(map(str, g)))
+def test_mixed_capacities_equal_brute_force(gib: list[int]) -> None:
+    """Which accelerators a cell lands on decides whether it fits: the search tries every order."""
+    check(["trainer", "rollout", "reward"], [4, 4], make_profile(trainer=TRAINER, rollout=ROLLOUT, reward=REWARD),
+          gib)
