@@ -56,9 +56,17 @@ class NotMeasured(PlacementError):
     ``devices_per_process`` accelerators (or lacks the figure the message names)."""
 
     def __init__(self, reason: str, *, component: str, processes: int = 0, devices_per_process: int = 1) -> None:
-        super().__init__(reason, component=component)
+        super().__init__(reason)  # the reason names the component itself
+        self.component = component
         self.processes = processes
         self.devices_per_process = devices_per_process
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _not_measured, (self.reason, self.component, self.processes, self.devices_per_process)
+
+
+def _not_measured(reason: str, component: str, processes: int, devices_per_process: int) -> NotMeasured:
+    return NotMeasured(reason, component=component, processes=processes, devices_per_process=devices_per_process)
 
 
 @dataclass(frozen=True)
@@ -136,13 +144,15 @@ class ComponentProfile:
             have = "; ".join(p.describe() for p in self.points)
             why = f"was measured only as {have}"
         else:
-            counts = ", ".join(str(p.processes) for p in same)
+            numbers = [str(p.processes) for p in same]
+            counts = f"{', '.join(numbers[:-1])} and {numbers[-1]}" if len(numbers) > 1 else numbers[0]
             why = f"was measured on {counts} {'process' if counts == '1' else 'processes'}{each}"
+            between = same[0].processes < processes < same[-1].processes
             if self.scaling == DATA_PARALLEL:
                 why += " (scaling: data-parallel predicts between measured counts, never beyond them)"
-            elif len(same) > 1:
+            elif between:
                 why += " (add scaling: data-parallel to predict between them)"
-        raise NotMeasured(f"{self.component} {why}, not as {wanted}; profile it so", component=self.component,
+        raise NotMeasured(f"{self.component} {why}, not as {wanted}; profile a run with {wanted}", component=self.component,
                           processes=processes, devices_per_process=devices_per_process)
 
 
