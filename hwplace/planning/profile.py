@@ -123,6 +123,19 @@ class ComponentProfile:
         """The process counts measured with ``devices_per_process`` accelerators each, ascending."""
         return [p.processes for p in self.points if p.devices_per_process == devices_per_process]
 
+    def measured_text(self, devices_per_process: int | None = None) -> str:
+        """``"2 and 4 processes"``, ``"4 processes; 2 processes of 2 accelerators"``: the points measured (of
+        ``devices_per_process`` accelerators each, or all)."""
+        parts = []
+        for per in sorted({p.devices_per_process for p in self.points}):
+            if devices_per_process is not None and per != devices_per_process:
+                continue
+            numbers = [str(n) for n in self.measured(per)]
+            counts = f"{', '.join(numbers[:-1])} and {numbers[-1]}" if len(numbers) > 1 else numbers[0]
+            each = f" of {per} accelerators" if per > 1 else ""
+            parts.append(f"{counts} {'process' if counts == '1' else 'processes'}{each}")
+        return "; ".join(parts)
+
     def at(self, processes: int, devices_per_process: int = 1) -> Point:
         """The point for ``processes`` processes of ``devices_per_process`` accelerators: a measured one, or
         with ``scaling: data-parallel`` one between two measured counts (each stage's seconds linear in
@@ -138,22 +151,19 @@ class ComponentProfile:
         return self._missing(processes, devices_per_process, same)
 
     def _missing(self, processes: int, devices_per_process: int, same: list[Point]) -> Point:
-        each = f" of {devices_per_process} accelerators" if devices_per_process > 1 else ""
-        wanted = f"{plural(processes, 'process', 'processes')}{each}"
+        wanted = plural(processes, "process", "processes") + (
+            f" of {devices_per_process} accelerators" if devices_per_process > 1 else "")
         if not same:
-            have = "; ".join(p.describe() for p in self.points)
-            why = f"was measured only as {have}"
+            why = f"was measured only on {self.measured_text()}"
         else:
-            numbers = [str(p.processes) for p in same]
-            counts = f"{', '.join(numbers[:-1])} and {numbers[-1]}" if len(numbers) > 1 else numbers[0]
-            why = f"was measured on {counts} {'process' if counts == '1' else 'processes'}{each}"
+            why = f"was measured on {self.measured_text(devices_per_process)}"
             between = same[0].processes < processes < same[-1].processes
             if self.scaling == DATA_PARALLEL:
                 why += " (scaling: data-parallel predicts between measured counts, never beyond them)"
             elif between:
                 why += " (add scaling: data-parallel to predict between them)"
-        raise NotMeasured(f"{self.component} {why}, not as {wanted}; profile a run with {wanted}", component=self.component,
-                          processes=processes, devices_per_process=devices_per_process)
+        raise NotMeasured(f"{self.component} {why}, not on {wanted}; profile a run with {wanted}",
+                          component=self.component, processes=processes, devices_per_process=devices_per_process)
 
 
 def _between(component: str, low: Point, high: Point, processes: int) -> Point:

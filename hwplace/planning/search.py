@@ -156,9 +156,10 @@ def search(job: JobConfig, cluster: Cluster, profile: Profile) -> SearchResult:
     if not found:
         reasons = "; ".join(f"{c.label}: {c.reason}" for c in candidates)
         if any(c.reason == NO_SPLIT for c in candidates):
-            raise PlacementError(f"no placement of {', '.join(searched)} on {space.description} fits: {reasons}")
-        raise NotMeasured(f"no placement of {', '.join(searched)} on {space.description} can be predicted from "
-                          f"the profile: {reasons}", component=searched[0])
+            raise PlacementError(f"no placement of {', '.join(searched)} on {plural(len(space), 'accelerator')} "
+                                 f"fits: {reasons}")
+        raise NotMeasured(f"no placement of {', '.join(searched)} on {plural(len(space), 'accelerator')} can be "
+                          f"predicted from the profile: {reasons}", component=searched[0])
     written = {n: _written(s.placement, s.node_groups) for n, s in fixed_specs.items()}
     return SearchResult((*found, *(c for c in candidates if c.step_seconds is None)), len(space),
                         space.description, written)
@@ -246,8 +247,13 @@ class _State:
             held = [(m, 1) for _, _, m in members if m is not None]
             by_size[size] = (seconds, peak(held)[0] if held else None, slots)
         if not sizes:
-            reason = "; ".join(f"{n} is predictable on {_sizes(sorted(self.options[n]))}" for n in names)
-            reason = f"no number of accelerators predicts {'all of ' if len(names) > 1 else ''}them: {reason}"
+            none = [n for n in names if not self.options[n]]
+            if none:
+                what = ", ".join(f"{n} (measured on {self.profile.component(n).measured_text()})" for n in none)
+                reason = f"no count of accelerators up to {self.n} predicts {what}"
+            else:
+                what = "; ".join(f"{n} on {_sizes(sorted(self.options[n]))}" for n in names)
+                reason = f"no count of accelerators predicts all of them together: {what}"
         best_below, least = [math.inf] * (self.n + 1), math.inf
         for size in range(1, self.n + 1):
             if size in by_size:
@@ -264,6 +270,11 @@ class _State:
         missing = [b.reason for b in blocks if b.reason]
         if missing:
             return Candidate(layout, None, None, reason="; ".join(missing))
+        least = [min(b.by_size) for b in blocks]
+        if sum(least) > self.n:
+            sizes = ", ".join(f"{','.join(b.names)} {size}" for b, size in zip(blocks, least, strict=True))
+            return Candidate(layout, None, None, reason=f"its cells need at least {sum(least)} accelerators "
+                             f"({sizes}) and there are {self.n}: profile smaller process counts")
         floor = max((seconds for seconds, _ in self._fixed_cells()), default=0.0)
         self.found, self.bound = None, math.inf
         for order in itertools.permutations(blocks):
@@ -358,10 +369,7 @@ def _need(block: _Block, bound: float) -> int:
 
 
 def _sizes(sizes: list[int]) -> str:
-    if not sizes:
-        return "no number of accelerators"
-    return plural(len(sizes), "count") + " of accelerators: " + ", ".join(map(str, sizes[:8])) + \
-        (", ..." if len(sizes) > 8 else "")
+    return ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")
 
 
 class _RangeMin:

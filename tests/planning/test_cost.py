@@ -51,32 +51,37 @@ def test_colocated_components_serialize_and_pay_their_turns() -> None:
 def test_apart_components_pipeline_bounded_by_the_slowest() -> None:
     prediction = predict(plan({"trainer": "0-1", "rollout": "2-3"}), profile())
     trainer, rollout = prediction.cells
-    assert trainer.seconds == pytest.approx(3.1) and rollout.seconds == pytest.approx(2.1)
+    assert trainer.seconds == pytest.approx(3.1)
+    assert rollout.seconds == pytest.approx(2.1)
     assert prediction.step_seconds == pytest.approx(3.1)
 
 
 def test_a_sync_costs_by_its_slowest_transport() -> None:
-    same_device = predict(plan({"trainer,rollout": "0"}), profile(), )
-    assert same_device.syncs[0].transport == "same-device" and same_device.syncs[0].seconds == pytest.approx(0.01)
+    same_device = predict(plan({"trainer,rollout": "0"}), profile())
+    assert same_device.syncs[0].transport == "same-device"
+    assert same_device.syncs[0].seconds == pytest.approx(0.01)
     other_node = predict(plan({"trainer": "0-1", "rollout": "2-3"}, num_nodes=2, per_node=2), profile())
-    assert other_node.syncs[0].transport == "other-node" and other_node.syncs[0].seconds == pytest.approx(0.5)
+    assert other_node.syncs[0].transport == "other-node"
+    assert other_node.syncs[0].seconds == pytest.approx(0.5)
 
 
 def test_memory_measured_or_declared_follows_the_rule_of_resources() -> None:
     prediction = predict(plan({"trainer,rollout": "0-1"}, resources={"rollout": {"memory": {"generate": "30GiB"}}}),
                          profile())
     # trainer works: 50 GiB + rollout, which declares no turn figure, keeps its 30 GiB
-    assert prediction.peak == 80 * GIB and prediction.fits
+    assert prediction.peak == 80 * GIB
+    assert prediction.fits
     over = predict(plan({"trainer,rollout": "0-1"}, resources={"rollout": {"memory": {"generate": "31GiB"}}}),
                    profile())
     assert not over.fits
 
 
 def test_what_the_profile_cannot_say_is_refused() -> None:
-    with pytest.raises(NotMeasured, match="^trainer was measured on 1 and 2 processes, not as 4 processes; profile a run with 4 processes$"):
+    with pytest.raises(NotMeasured, match=r"^trainer was measured on 1 and 2 processes, not on 4 processes; "
+                                          r"profile a run with 4 processes$"):
         predict(plan({"trainer": "0-3", "rollout": "0-3"}), profile())
-    with pytest.raises(NotMeasured, match="trainer offloads .* but its profile at 2 processes has no offload and "
-                                          "onload seconds"):
+    with pytest.raises(NotMeasured, match=r"trainer offloads .* but its profile at 2 processes has no offload and "
+                                          r"onload seconds"):
         predict(plan({"trainer,rollout": "0-1"}), profile(swap=False))
     # apart, the offload is never paid: no need to have measured it
     assert predict(plan({"trainer": "0-1", "rollout": "2-3"}), profile(swap=False)).step_seconds == pytest.approx(3.1)

@@ -4,6 +4,7 @@ outside what was measured (NotMeasured naming the component and the process coun
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ def profile_data(**extra: Any) -> dict[str, Any]:
     return {"version": 1, "components": {
         "trainer": {"scaling": "data-parallel", "points": [
             {"processes": 4, "placement": "0-3", "stages": {"train": {"seconds": 2.0}, "publish": {"seconds": 0.5}},
-             "offload": {"seconds": 0.25}, "onload": {"seconds": 0.5}, "memory": {"train": "50GiB", "offloaded": 2**30}},
+             "offload": {"seconds": 0.25}, "onload": {"seconds": 0.5},
+             "memory": {"train": "50GiB", "offloaded": 2**30}},
             {"processes": 1, "stages": {"train": {"seconds": 8.0}, "publish": {"seconds": 0.5}},
              "memory": {"train": "40GiB"}}]},
         "rollout": {"points": [{"processes": 2, "devices_per_process": 2, "stages": {"generate": {"seconds": 3}}}]}},
@@ -39,16 +41,18 @@ def test_data_parallel_scaling_predicts_between_measured_counts_linearly_in_one_
     trainer = parse_profile(profile_data()).component("trainer")
     two = trainer.at(2)
     # train: 8 s at 1, 2 s at 4: a + b/p through both gives a = 0, b = 8, so 4 s at 2
-    assert two.stages["train"] == pytest.approx(4.0) and two.stages["publish"] == pytest.approx(0.5)
-    assert not two.measured and two.swap is None  # offload was measured at 4 only
+    assert two.stages["train"] == pytest.approx(4.0)
+    assert two.stages["publish"] == pytest.approx(0.5)
+    assert not two.measured
+    assert two.swap is None
     assert two.memory == {"train": 50 * 2**30}  # the larger of the phases both measured
 
 
 @pytest.mark.parametrize(("component", "processes", "per", "words"), [
     ("trainer", 8, 1, "trainer was measured on 1 and 4 processes (scaling: data-parallel predicts between measured "
-                      "counts, never beyond them), not as 8 processes"),
-    ("rollout", 1, 2, "rollout was measured on 2 processes of 2 accelerators, not as 1 process of 2 accelerators"),
-    ("rollout", 4, 1, "rollout was measured only as 2 processes of 2 accelerators, not as 4 processes"),
+                      "counts, never beyond them), not on 8 processes"),
+    ("rollout", 1, 2, "rollout was measured on 2 processes of 2 accelerators, not on 1 process of 2 accelerators"),
+    ("rollout", 4, 1, "rollout was measured only on 2 processes of 2 accelerators, not on 4 processes"),
 ])
 def test_outside_the_measured_points_it_refuses_naming_the_point(component: str, processes: int, per: int,
                                                                   words: str) -> None:
@@ -96,7 +100,7 @@ def test_what_the_profile_lacks_is_not_measured() -> None:
 def test_mistakes_name_their_key_path(change: Any, path: str) -> None:
     data = profile_data()
     change(data)
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(ConfigError, match=re.escape(path)) as caught:
         parse_profile(data)
     assert caught.value.path == path
 

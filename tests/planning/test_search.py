@@ -158,3 +158,40 @@ def test_mixed_capacities_equal_brute_force(gib: list[int]) -> None:
     """Which accelerators a cell lands on decides whether it fits: the search tries every order."""
     check(["trainer", "rollout", "reward"], [4, 4], make_profile(trainer=TRAINER, rollout=ROLLOUT, reward=REWARD),
           gib)
+
+
+def test_components_on_other_node_groups_keep_their_placement() -> None:
+    job = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": {
+        "rollout,trainer": "0-1", "env": {"node_group": "node", "placement": "0:0-1"}}},
+        "weight_sync": {"policy": {"source": "trainer", "targets": ["rollout"]}}})
+    cluster = fake_cluster(job.cluster, accelerators_per_node=4)
+    result = search(job, cluster, make_profile(trainer=TRAINER, rollout=ROLLOUT))
+    pasted = yaml.safe_load(result.component_placement())["component_placement"]
+    assert pasted["env"] == {"node_group": "node", "placement": "0:0-1"}
+    raw = job.to_dict()
+    raw["cluster"]["component_placement"] = pasted
+    replanned = ComponentPlacement(parse_job_config(raw), cluster)
+    assert predict(replanned, make_profile(trainer=TRAINER, rollout=ROLLOUT)).unprofiled == ("env",)
+    assert result.best.label == "rollout,trainer"  # 7.1 s against 7.2 s apart; named in the config's order
+
+
+def test_nothing_predictable_is_refused_naming_what_was_measured() -> None:
+    only_four = {"points": [point(4, "train", 2.0, {"train": "10GiB"})]}
+    job = job_of(["trainer", "rollout"])
+    cluster = fake_cluster(job.cluster, accelerators_per_node=2)
+    with pytest.raises(NotMeasured, match=r"^no placement of trainer, rollout on 2 accelerators can be predicted"):
+        search(job, cluster, make_profile(trainer=only_four, rollout=ROLLOUT))
+    with pytest.raises(NotMeasured, match=r"trainer \| rollout: no count of accelerators up to 2 predicts trainer "
+                                          r"\(measured on 4 processes\)"):
+        search(job, cluster, make_profile(trainer=only_four, rollout=ROLLOUT))
+    with pytest.raises(NotMeasured, match="the profile has no entry for component 'rollout'"):
+        search(job, cluster, make_profile(trainer=only_four))
+
+
+def test_nothing_that_fits_is_a_placement_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWPLACE_FAKE_ACCELERATOR_MEMORY", "30GiB")
+    job = job_of(["trainer", "rollout"])
+    cluster = fake_cluster(job.cluster, accelerators_per_node=4)
+    with pytest.raises(PlacementError, match=r"no placement of trainer, rollout on .* fits: .*peak memory") as caught:
+        search(job, cluster, make_profile(trainer=TRAINER, rollout=ROLLOUT))
+    assert not isinstance(caught.value, NotMeasured)
