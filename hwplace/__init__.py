@@ -41,6 +41,9 @@ from hwplace.foundation.sizes import parse_size
 from hwplace.foundation.version import __version__
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
+from hwplace.planning.cost import Prediction, predict
+from hwplace.planning.profile import NotMeasured, Profile, load_profile, parse_profile
+from hwplace.planning.search import SearchResult, search_placements
 from hwplace.planning.strategies import (
     FlexiblePlacementStrategy,
     NodePlacementStrategy,
@@ -84,6 +87,7 @@ __all__ = [
     "Node",
     "NodeGroup",
     "NodePlacementStrategy",
+    "NotMeasured",
     "PackedPlacementStrategy",
     "Pending",
     "Placement",
@@ -91,7 +95,10 @@ __all__ = [
     "PlacementStrategy",
     "PluginError",
     "PluginManager",
+    "Prediction",
+    "Profile",
     "QueueStats",
+    "SearchResult",
     "WeightSync",
     "WeightSyncError",
     "Weights",
@@ -104,9 +111,13 @@ __all__ = [
     "hookimpl",
     "imbalance",
     "load_config",
+    "load_profile",
     "parse_cluster_config",
     "parse_job_config",
+    "parse_profile",
     "parse_size",
+    "predict",
     "run_job",
+    "search_placements",
     "testing",
 ]

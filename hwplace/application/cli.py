@@ -39,7 +39,7 @@ from hwplace.inventory.offline import fake_cluster, parse_nodes
 from hwplace.planning.component import ComponentPlacement
 from hwplace.planning.cost import predict
 from hwplace.planning.profile import NotMeasured, load_profile
-from hwplace.planning.search import SearchResult, search
+from hwplace.planning.search import SearchResult, search_placements
 from hwplace.plugin.manager import PluginManager
 from hwplace.plugin.session import get_plugin_manager
 
@@ -100,7 +100,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         if args.search:
             assert profile is not None
-            return _search(search(config, cluster, profile), args, out)
+            return _search(search_placements(config, cluster, profile), args, out)
         plan = ComponentPlacement(config, cluster)
     except PlacementError as exc:
         if args.nodes is None and not any(cluster.accelerator_types(range(cluster.num_nodes))) \

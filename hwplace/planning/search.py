@@ -133,7 +133,7 @@ class _Block:
         self.rising = [-seconds for seconds in self.best_below]
 
 
-def search(job: JobConfig, cluster: Cluster, profile: Profile) -> SearchResult:
+def search_placements(job: JobConfig, cluster: Cluster, profile: Profile) -> SearchResult:
     """Search the placements of ``job``'s components on ``cluster`` (see the module docstring). A
     :class:`~hwplace.planning.profile.NotMeasured` when no layout at all can be predicted, naming why."""
     space = resource_space(cluster, [job.cluster.group("cluster")])

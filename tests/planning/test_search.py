@@ -22,7 +22,7 @@ from hwplace.inventory.offline import fake_cluster
 from hwplace.planning.component import ComponentPlacement
 from hwplace.planning.cost import predict
 from hwplace.planning.profile import NotMeasured, Profile, parse_profile
-from hwplace.planning.search import search
+from hwplace.planning.search import search_placements
 
 
 def point(processes: int, stage: str, seconds: float, memory: dict[str, str], *, per: int = 1,
@@ -127,7 +127,7 @@ def check(names: Sequence[str], counts: list[int], profile: Profile, gib: Sequen
     expected = brute_force(names, counts, profile, gib)
     cluster = cluster_of(names, counts, gib)
     try:
-        result = search(job_of(names, num_nodes=len(counts)), cluster, profile)
+        result = search_placements(job_of(names, num_nodes=len(counts)), cluster, profile)
     except PlacementError:  # NotMeasured too
         assert expected == {}, counts
         return
@@ -165,7 +165,7 @@ def test_components_on_other_node_groups_keep_their_placement() -> None:
         "rollout,trainer": "0-1", "env": {"node_group": "node", "placement": "0:0-1"}}},
         "weight_sync": {"policy": {"source": "trainer", "targets": ["rollout"]}}})
     cluster = fake_cluster(job.cluster, accelerators_per_node=4)
-    result = search(job, cluster, make_profile(trainer=TRAINER, rollout=ROLLOUT))
+    result = search_placements(job, cluster, make_profile(trainer=TRAINER, rollout=ROLLOUT))
     pasted = yaml.safe_load(result.component_placement())["component_placement"]
     assert pasted["env"] == {"node_group": "node", "placement": "0:0-1"}
     raw = job.to_dict()
@@ -180,12 +180,12 @@ def test_nothing_predictable_is_refused_naming_what_was_measured() -> None:
     job = job_of(["trainer", "rollout"])
     cluster = fake_cluster(job.cluster, accelerators_per_node=2)
     with pytest.raises(NotMeasured, match=r"^no placement of trainer, rollout on 2 accelerators can be predicted"):
-        search(job, cluster, make_profile(trainer=only_four, rollout=ROLLOUT))
+        search_placements(job, cluster, make_profile(trainer=only_four, rollout=ROLLOUT))
     with pytest.raises(NotMeasured, match=r"trainer \| rollout: no count of accelerators up to 2 predicts trainer "
                                           r"\(measured on 4 processes\)"):
-        search(job, cluster, make_profile(trainer=only_four, rollout=ROLLOUT))
+        search_placements(job, cluster, make_profile(trainer=only_four, rollout=ROLLOUT))
     with pytest.raises(NotMeasured, match="the profile has no entry for component 'rollout'"):
-        search(job, cluster, make_profile(trainer=only_four))
+        search_placements(job, cluster, make_profile(trainer=only_four))
 
 
 def test_nothing_that_fits_is_a_placement_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,5 +193,5 @@ def test_nothing_that_fits_is_a_placement_error(monkeypatch: pytest.MonkeyPatch)
     job = job_of(["trainer", "rollout"])
     cluster = fake_cluster(job.cluster, accelerators_per_node=4)
     with pytest.raises(PlacementError, match=r"no placement of trainer, rollout on .* fits: .*peak memory") as caught:
-        search(job, cluster, make_profile(trainer=TRAINER, rollout=ROLLOUT))
+        search_placements(job, cluster, make_profile(trainer=TRAINER, rollout=ROLLOUT))
     assert not isinstance(caught.value, NotMeasured)
