@@ -126,8 +126,10 @@ class _Block:
 
     names: tuple[str, ...]
     by_size: dict[int, tuple[float, int | None, tuple[Slot, ...]]]
-    best_below: list[float]  # best_below[s]: the least seconds of any size up to s (inf if none)
+    best_below: list[float]  # best_below[s]: the least seconds of any size up to s (inf if none), syncs at best
     reason: str | None
+    syncs: tuple[int, ...] = ()  # the weight syncs that count in this cell
+    floor: float = 0.0  # the least those syncs can cost
 
     def __post_init__(self) -> None:
         self.rising = [-seconds for seconds in self.best_below]
@@ -211,6 +213,20 @@ class _State:
             if name in profile.components:
                 per = len(ranks[0].local_hardware_ranks) if ranks[0].local_accelerator_id >= 0 else 1
                 self.fixed_points[name] = profile.component(name).at(len(ranks), per)
+        self.fixed_cells = [(point.seconds, self._touching((name,))) for name, point in self.fixed_points.items()]
+
+    def _least_sync(self, index: int, names: Sequence[str]) -> float:
+        """The least weight sync ``index`` can cost in a cell of ``names``: by ``same-device`` only when the cell
+        holds its source and every target, else by the faster of the other two transports."""
+        spec, amount = self.syncs[index]
+        bandwidth = self.profile.bandwidth
+        if {spec.source, *spec.targets} <= set(names):
+            return amount / max(bandwidth.values())
+        return amount / max(bandwidth[SAME_NODE], bandwidth[OTHER_NODE])
+
+    def _touching(self, names: Sequence[str]) -> tuple[int, ...]:
+        """The weight syncs (their indices) whose source or a target is one of ``names``."""
+        return tuple(k for k, (spec, _) in enumerate(self.syncs) if {spec.source, *spec.targets} & set(names))
 
     def _options(self, name: str) -> dict[int, tuple[Point, ComponentResources | None]]:
         """The fastest predictable point of ``name`` for each number of accelerators it may hold."""
@@ -254,12 +270,14 @@ class _State:
             else:
                 what = "; ".join(f"{n} on {_sizes(sorted(self.options[n]))}" for n in names)
                 reason = f"no count of accelerators predicts all of them together: {what}"
+        syncs = self._touching(names)
+        floor = sum(self._least_sync(k, names) for k in syncs)
         best_below, least = [math.inf] * (self.n + 1), math.inf
         for size in range(1, self.n + 1):
             if size in by_size:
-                least = min(least, by_size[size][0])
+                least = min(least, by_size[size][0] + floor)
             best_below[size] = least
-        return _Block(names, by_size, best_below, None if by_size else reason)
+        return _Block(names, by_size, best_below, None if by_size else reason, syncs, floor)
 
     def _source_rank_fits(self, slots: tuple[Slot, ...]) -> bool:
         processes = {s.component: s.processes for s in slots}
@@ -275,17 +293,18 @@ class _State:
             sizes = ", ".join(f"{','.join(b.names)} {size}" for b, size in zip(blocks, least, strict=True))
             return Candidate(layout, None, None, reason=f"its cells need at least {sum(least)} accelerators "
                              f"({sizes}) and there are {self.n}: profile smaller process counts")
-        floor = max((seconds for seconds, _ in self._fixed_cells()), default=0.0)
+        floor = max((seconds for seconds, _ in self.fixed_cells), default=0.0)
         self.found, self.bound = None, math.inf
-        for order in itertools.permutations(blocks):
-            self._descend(list(order), 0, 0, floor, [])
+        orders = [list(order) for order in itertools.permutations(blocks)]
+        balanced = self._balanced(blocks)
+        for order in orders:  # a good plan first: the bound it sets prunes the rest
+            self._probe(order, [balanced[id(b)] for b in order])
+        for order in orders:
+            self._descend(order, 0, 0, floor, [])
         if self.found is None:
             return Candidate(layout, None, None, reason=NO_SPLIT)
         step, cells, syncs = self.found
         return Candidate(layout, cells, step, syncs)
-
-    def _fixed_cells(self) -> list[tuple[float, str]]:
-        return [(p.seconds, n) for n, p in self.fixed_points.items()]
 
     def _descend(self, order: list[_Block], index: int, first: int, worst: float,
                  chosen: list[tuple[_Block, int, int]]) -> None:
@@ -300,16 +319,43 @@ class _State:
             if max(block.best_below[size], worst) >= self.bound:
                 break
             entry = block.by_size.get(size)
-            if entry is None or max(entry[0], worst) >= self.bound:
+            if entry is None or max(entry[0] + block.floor, worst) >= self.bound:
                 continue
-            seconds, held, slots = entry
-            if held is not None and held > self.caps.least(first, first + size):
+            if not self._fits(block, first, size):
                 continue
-            if any(s.devices_per_process > 1 and self._splits(first, size, s.devices_per_process) for s in slots):
-                continue
+            seconds = entry[0]
             chosen.append((block, first, size))
-            self._descend(order, index + 1, first + size, max(worst, seconds), chosen)
+            self._descend(order, index + 1, first + size, max(worst, seconds + block.floor), chosen)
             chosen.pop()
+
+    def _balanced(self, blocks: list[_Block]) -> dict[int, int]:
+        """Each block's size in the fastest split that ignores where cells land: the least sizes that reach the
+        least time every block can reach within the accelerators (a probe; the search proper decides)."""
+        values = sorted({v for b in blocks for v in b.best_below if v < math.inf})
+        low, high = 0, len(values) - 1
+        while low < high:
+            middle = (low + high) // 2
+            if sum(bisect.bisect_left(b.rising, -values[middle]) for b in blocks) <= self.n:
+                high = middle
+            else:
+                low = middle + 1
+        return {id(b): bisect.bisect_left(b.rising, -values[low]) for b in blocks}
+
+    def _probe(self, order: list[_Block], sizes: list[int]) -> None:
+        chosen, first = [], 0
+        for block, size in zip(order, sizes, strict=True):
+            if first + size > self.n or size not in block.by_size or not self._fits(block, first, size):
+                return
+            chosen.append((block, first, size))
+            first += size
+        self._evaluate(chosen)
+
+    def _fits(self, block: _Block, first: int, size: int) -> bool:
+        """Whether the block's memory fits accelerators ``first`` on, and no process of it spans two nodes."""
+        _, held, slots = block.by_size[size]
+        if held is not None and held > self.caps.least(first, first + size):
+            return False
+        return not any(s.devices_per_process > 1 and self._splits(first, size, s.devices_per_process) for s in slots)
 
     def _splits(self, first: int, size: int, per: int) -> bool:
         """Whether a process of ``per`` accelerators from ``first`` on would span two nodes."""
@@ -325,23 +371,22 @@ class _State:
         for block, first, size in chosen:
             for slot in block.by_size[size][2]:
                 where[slot.component] = (first, slot)
-        syncs, touched = [], []
-        for spec, amount in self.syncs:
-            transport = slowest(self._transport(spec.source, spec.source_rank, t, where) for t in spec.targets)
-            syncs.append(SyncCost(spec.name, transport, sync_seconds(amount, transport, self.profile.bandwidth)))
-            touched.append({spec.source, *spec.targets})
-        cells, step = [], 0.0
-        for block, first, size in chosen:
-            seconds, held, slots = block.by_size[size]
-            seconds += sum(s.seconds for s, names in zip(syncs, touched, strict=True) if names & set(block.names))
-            cells.append(Cell(slots, first, size, seconds, held))
-            step = max(step, seconds)
-        for seconds, name in self._fixed_cells():
-            step = max(step, seconds + sum(s.seconds for s, names in zip(syncs, touched, strict=True)
-                                           if name in names))
-        if step < self.bound:
-            self.bound = step
-            self.found = (step, tuple(cells), tuple(syncs))
+        transports = [slowest(self._transport(spec.source, spec.source_rank, t, where) for t in spec.targets)
+                      for spec, _ in self.syncs]
+        times = [sync_seconds(amount, transport, self.profile.bandwidth)
+                 for (_, amount), transport in zip(self.syncs, transports, strict=True)]
+        step = max((block.by_size[size][0] + sum(times[k] for k in block.syncs) for block, _, size in chosen),
+                   default=0.0)
+        for seconds, touching in self.fixed_cells:
+            step = max(step, seconds + sum(times[k] for k in touching))
+        if step >= self.bound:
+            return
+        cells = tuple(Cell(block.by_size[size][2], first, size,
+                           block.by_size[size][0] + sum(times[k] for k in block.syncs), block.by_size[size][1])
+                      for block, first, size in chosen)
+        self.bound = step
+        self.found = (step, cells, tuple(SyncCost(spec.name, transport, seconds) for (spec, _), transport, seconds
+                                         in zip(self.syncs, transports, times, strict=True)))
 
     def _transport(self, source: str, rank: int, target: str, where: Mapping[str, tuple[int, Slot]]) -> str:
         if source in where:
