@@ -42,8 +42,9 @@ from hwplace.foundation.version import __version__
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
 from hwplace.planning.cost import Prediction, predict
+from hwplace.planning.layouts import SearchResult
 from hwplace.planning.profile import NotMeasured, Profile, load_profile, parse_profile
-from hwplace.planning.search import SearchResult, search_placements
+from hwplace.planning.search import search_placements
 from hwplace.planning.strategies import (
     FlexiblePlacementStrategy,
     NodePlacementStrategy,

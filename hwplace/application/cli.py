@@ -38,8 +38,9 @@ from hwplace.inventory.detection import detect_node_hardware
 from hwplace.inventory.offline import fake_cluster, parse_nodes
 from hwplace.planning.component import ComponentPlacement
 from hwplace.planning.cost import predict
+from hwplace.planning.layouts import SearchResult
 from hwplace.planning.profile import NotMeasured, load_profile
-from hwplace.planning.search import SearchResult, search_placements
+from hwplace.planning.search import search_placements
 from hwplace.plugin.manager import PluginManager
 from hwplace.plugin.session import get_plugin_manager
 

@@ -12,7 +12,7 @@ from hwplace.application.report import table
 from hwplace.foundation.sizes import format_size
 from hwplace.foundation.wording import plural
 from hwplace.planning.cost import Prediction
-from hwplace.planning.search import Candidate, Cell, SearchResult
+from hwplace.planning.layouts import Candidate, Cell, SearchResult
 
 COST_MODEL = "docs/resources.md, 'The cost model'"
 

@@ -28,6 +28,7 @@ from hwplace.foundation.wording import plural
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
 from hwplace.planning.cost import SyncCost, memory_of, slowest, swap_seconds, sync_seconds
+from hwplace.planning.layouts import Candidate, Cell, SearchResult, Slot, written_entry
 from hwplace.planning.memory import capacity_of, peak
 from hwplace.planning.profile import NotMeasured, Point, Profile
 from hwplace.planning.resources import Resource, resource_space
@@ -36,88 +37,6 @@ from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SAME_NODE
 NO_SPLIT = ("no split of the accelerators fits: a cell's peak memory exceeds its accelerators' capacity, a "
             "process would span two nodes, or the cells need more accelerators than there are")
 MAX_COMPONENTS = 6  # 203 layouts of 6 components; beyond that, search fewer at a time
-
-
-@dataclass(frozen=True)
-class Slot:
-    """A component in a planned cell: its processes, each of ``devices_per_process`` accelerators, and the
-    profile point that predicts it."""
-
-    component: str
-    processes: int
-    devices_per_process: int
-    point: Point
-
-
-@dataclass(frozen=True)
-class Cell:
-    """A cell of a plan: components on accelerators ``first`` to ``first + size - 1`` of group ``cluster``,
-    taking turns; ``seconds`` per step with the syncs that touch it, ``peak`` memory of each of its accelerators
-    (``None``: no figure known)."""
-
-    slots: tuple[Slot, ...]
-    first: int
-    size: int
-    seconds: float
-    peak: int | None
-
-    @property
-    def components(self) -> tuple[str, ...]:
-        return tuple(slot.component for slot in self.slots)
-
-    def placements(self) -> dict[str, str]:
-        """Each component's placement string: one key for the cell where its processes are alike."""
-        span = f"{self.first}-{self.first + self.size - 1}" if self.size > 1 else str(self.first)
-        text = {s.component: span if s.devices_per_process == 1 else
-                f"{span}:{'0' if s.processes == 1 else f'0-{s.processes - 1}'}" for s in self.slots}
-        if len(set(text.values())) == 1:
-            return {",".join(self.components): text[self.slots[0].component]}
-        return text
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A layout and its best plan (``None`` with ``reason`` when none could be predicted)."""
-
-    layout: tuple[tuple[str, ...], ...]
-    cells: tuple[Cell, ...] | None
-    step_seconds: float | None
-    syncs: tuple[SyncCost, ...] = ()
-    reason: str | None = None
-
-    @property
-    def label(self) -> str:
-        """``"trainer,rollout | reward"``: who colocates with whom."""
-        return " | ".join(",".join(cell) for cell in self.layout)
-
-    @property
-    def peak(self) -> int | None:
-        known = [c.peak for c in self.cells or () if c.peak is not None]
-        return max(known) if known else None
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """Every layout, the predicted ones fastest first, then those the profile could not predict."""
-
-    candidates: tuple[Candidate, ...]
-    devices: int
-    description: str
-    fixed: Mapping[str, str]  # component -> its written placement entry, as YAML
-
-    @property
-    def best(self) -> Candidate:
-        return self.candidates[0]
-
-    def component_placement(self, candidate: Candidate | None = None) -> str:
-        """The ``component_placement:`` of a predicted candidate (the best by default), as YAML to paste."""
-        chosen = candidate or self.best
-        assert chosen.cells is not None
-        lines = ["component_placement:"]
-        for cell in chosen.cells:
-            lines += [f"  {key}: {value}" for key, value in cell.placements().items()]
-        lines += [f"  {key}: {value}" for key, value in self.fixed.items()]
-        return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -162,13 +81,9 @@ def search_placements(job: JobConfig, cluster: Cluster, profile: Profile) -> Sea
                                  f"fits: {reasons}")
         raise NotMeasured(f"no placement of {', '.join(searched)} on {plural(len(space), 'accelerator')} can be "
                           f"predicted from the profile: {reasons}", component=searched[0])
-    written = {n: _written(s.placement, s.node_groups) for n, s in fixed_specs.items()}
+    written = {n: written_entry(s.placement, s.node_groups) for n, s in fixed_specs.items()}
     return SearchResult((*found, *(c for c in candidates if c.step_seconds is None)), len(space),
                         space.description, written)
-
-
-def _written(placement: str, groups: tuple[str, ...]) -> str:
-    return f'{{node_group: {",".join(groups)}, placement: "{placement}"}}'
 
 
 def _fixed_placements(job: JobConfig, cluster: Cluster, specs: Mapping[str, object]) -> dict[str, list[Placement]]:
