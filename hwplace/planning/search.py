@@ -5,7 +5,7 @@ A *layout* says which components colocate: a partition of the components into ce
 apart, or a mix). A *plan* of a layout puts its cells, in some order, on consecutive accelerators from rank 0
 of group ``cluster`` (the rest stay unused), each cell on a run of accelerators of its own, all of its
 components on all of them, one process per ``devices_per_process`` accelerators. The search tries every
-order and every size of every cell that the profile can predict (:meth:`ComponentProfile.at`), drops what
+order and every size of every cell that the profile can predict (:meth:`~hwplace.planning.profile.ComponentProfile.at`), drops what
 does not fit memory (the rule of :mod:`hwplace.planning.memory`) or splits a process across nodes, and keeps
 each layout's fastest plan by branch and bound: the same answer as trying every plan, found without trying
 most. Components placed on another node group keep the placement written (``fixed``). Imports the layers below
