@@ -5,8 +5,9 @@ A *layout* says which components colocate: a partition of the components into ce
 apart, or a mix). A *plan* of a layout puts its cells, in some order, on consecutive accelerators from rank 0
 of group ``cluster`` (the rest stay unused), each cell on a run of accelerators of its own, all of its
 components on all of them, one process per ``devices_per_process`` accelerators. The search tries every
-order and every size of every cell that the profile can predict (:meth:`~hwplace.planning.profile.ComponentProfile.at`), drops what
-does not fit memory (the rule of :mod:`hwplace.planning.memory`) or splits a process across nodes, and keeps
+order and every size of every cell that the profile can predict
+(:meth:`~hwplace.planning.profile.ComponentProfile.at`), drops what does not fit memory (the rule of
+:mod:`hwplace.planning.memory`) or splits a process across nodes, and keeps
 each layout's fastest plan by branch and bound: the same answer as trying every plan, found without trying
 most. Components placed on another node group keep the placement written (``fixed``). Imports the layers below
 and the other modules of :mod:`hwplace.planning`.
@@ -23,7 +24,7 @@ from dataclasses import dataclass, replace
 from hwplace.config.job_config import JobConfig
 from hwplace.config.resources import ComponentResources
 from hwplace.contracts.records import Placement
-from hwplace.foundation.errors import PlacementError
+from hwplace.foundation.errors import ConfigError, PlacementError
 from hwplace.foundation.wording import plural
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
@@ -122,6 +123,10 @@ class _State:
         self.declared = {r.component: r for r in job.resources}
         self.options = {name: self._options(name) for name in searched}
         self.syncs = [(spec, profile.sync_bytes(spec.name)) for spec in job.weight_sync]
+        for spec, _ in self.syncs:
+            if spec.source in fixed and spec.source_rank >= len(fixed[spec.source]):
+                raise ConfigError(f"weight_sync.{spec.name}.source_rank", f"component {spec.source!r} has ranks "
+                                  f"0-{len(fixed[spec.source]) - 1}", value=spec.source_rank)
         self.fixed = fixed
         self.fixed_points: dict[str, Point] = {}
         for name, ranks in fixed.items():
