@@ -10,7 +10,8 @@ hardest case for the search: every size of every cell is a candidate. Components
 - ``critic`` (4 components only: 600 s on 1, 2 s on 512; offloads; 40 GiB),
 
 with a 2 GB weight sync from the trainer to the rollout. ``seconds`` is the median of ``--repeat`` searches
-(planning the layouts, all orders, all sizes), ``layouts`` how many layouts were searched, ``best`` the
+(planning the layouts, all orders, all sizes), ``cpu s`` the median processor time of this process in them (the
+figure to read on a shared, loaded machine), ``layouts`` how many layouts were searched, ``best`` the
 fastest layout and its predicted step; ``--nodes`` changes the cluster (nodes of 8).
 
 Run: python benchmarks/placement_search.py [--repeat 5] [--nodes 64] [--components 2,3,4]
@@ -59,21 +60,23 @@ def main() -> None:
     parser.add_argument("--components", default="2,3,4", help="comma-separated component counts to search")
     args = parser.parse_args()
     accelerators = 8 * args.nodes
-    print(f"{'components':>10} {'accels':>7} {'layouts':>8} {'seconds':>9}  best")
+    print(f"{'components':>10} {'accels':>7} {'layouts':>8} {'seconds':>9} {'cpu s':>7}  best")
     for count in (int(c) for c in args.components.split(",")):
         names = list(COMPONENTS)[:count]
         config = job(names, args.nodes)
         cluster = fake_cluster(config.cluster, accelerators_per_node=8)
         measured = profile(names, accelerators)
-        times, result = [], None
+        times, cpu, result = [], [], None
         for _ in range(args.repeat):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             result = hwplace.search_placements(config, cluster, measured)
             times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
         assert result is not None
         best = result.best
         placement = ", ".join(f"{','.join(c.components)} {c.size}" for c in best.cells or ())
-        print(f"{count:>10} {accelerators:>7} {len(result.candidates):>8} {statistics.median(times):>9.3f}  "
+        print(f"{count:>10} {accelerators:>7} {len(result.candidates):>8} {statistics.median(times):>9.3f} "
+              f"{statistics.median(cpu):>7.3f}  "
               f"{best.label}: {best.step_seconds:.3f} s ({placement})")
 
 

@@ -1,7 +1,8 @@
-"""The placement search equals brute force: on every fake cluster of up to 16 accelerators (every number of
-nodes, even and uneven), each layout's best predicted step is the least that trying every plan of that layout
-finds, where each plan is built as a real ``component_placement`` (``ComponentPlacement``) and predicted by
-``hwplace.planning.cost.predict`` from its placements, not by the search's own arithmetic."""
+"""The placement search equals brute force: on every fake cluster of up to 16 accelerators with nodes of one
+size (and a sample of uneven ones, and of mixed capacities), each layout's best predicted step is the least
+that trying every plan of that layout finds, where each plan is built as a real ``component_placement``
+(``ComponentPlacement``) and predicted by ``hwplace.planning.cost.predict`` from its placements, not by the
+search's own arithmetic."""
 
 from __future__ import annotations
 
@@ -195,3 +196,13 @@ def test_nothing_that_fits_is_a_placement_error(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(PlacementError, match=r"no placement of trainer, rollout on .* fits: .*peak memory") as caught:
         search_placements(job, cluster, make_profile(trainer=TRAINER, rollout=ROLLOUT))
     assert not isinstance(caught.value, NotMeasured)
+
+
+@pytest.mark.parametrize(("count", "bell"), [(1, 1), (2, 2), (3, 5), (4, 15), (5, 52)])
+def test_every_layout_is_searched_once(count: int, bell: int) -> None:
+    names = ["a", "b", "c", "d", "e"][:count]
+    job = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": dict.fromkeys(names, "0")}})
+    flat = make_profile(**{n: {"points": [point(1, "work", 1.0, {"work": "1GiB"})]} for n in names})
+    result = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=count), flat)
+    assert len({c.layout for c in result.candidates}) == len(result.candidates) == bell
+    assert result.best.label == " | ".join(names)  # apart, each on its own accelerator: 1 s
