@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwplace.config.checks import LABEL, check_keys, mapping
-from hwplace.config.resources import ComponentResources
+from hwplace.config.resources import ComponentResources, parse_memory
 from hwplace.foundation.errors import ConfigError, PlacementError
 from hwplace.foundation.frozen import FrozenDict
-from hwplace.foundation.sizes import format_size, parse_size
+from hwplace.foundation.sizes import parse_size
 from hwplace.foundation.wording import plural
 from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SAME_NODE, TRANSPORTS
 
@@ -341,8 +341,7 @@ def _point(value: Any, path: str) -> Point:
     if not stages:
         raise ConfigError(f"{path}.stages", "is empty", allowed="STAGE: {seconds: S} entries")
     offload, onload = (_seconds(entry[k], f"{path}.{k}") if k in entry else None for k in ("offload", "onload"))
-    memory = {str(phase): parse_size(amount, f"{path}.memory.{phase}")
-              for phase, amount in mapping(entry.get("memory", {}), f"{path}.memory").items()}
+    memory = parse_memory(entry["memory"], f"{path}.memory") if "memory" in entry else {}
     point = Point(processes, per, stages, offload, onload, memory, None if placement is None else str(placement))
     if memory and point.resources("x") is None:
         raise ConfigError(f"{path}.memory", "declares no working phase", allowed="a phase other than offloaded "
@@ -365,7 +364,3 @@ def _seconds(value: Any, path: str) -> float:
         raise ConfigError(f"{path}.seconds", "is a non-negative number of seconds", value=seconds)
     return float(seconds)
 
-
-def describe_memory(memory: Mapping[str, int]) -> str:
-    """``"train 50 GiB, offloaded 1 GiB"``."""
-    return ", ".join(f"{phase} {format_size(amount)}" for phase, amount in memory.items())
