@@ -42,6 +42,10 @@ from hwplace.foundation.sizes import parse_size
 from hwplace.foundation.version import __version__
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
+from hwplace.planning.cost import Prediction, predict
+from hwplace.planning.layouts import SearchResult
+from hwplace.planning.profile import NotMeasured, Profile, load_profile, parse_profile
+from hwplace.planning.search import search_placements
 from hwplace.planning.strategies import (
     FlexiblePlacementStrategy,
     NodePlacementStrategy,
@@ -86,6 +90,7 @@ __all__ = [
     "Node",
     "NodeGroup",
     "NodePlacementStrategy",
+    "NotMeasured",
     "PackedPlacementStrategy",
     "Pending",
     "Placement",
@@ -93,9 +98,12 @@ __all__ = [
     "PlacementStrategy",
     "PluginError",
     "PluginManager",
+    "Prediction",
+    "Profile",
     "QueueStats",
     "RankStatus",
     "Restart",
+    "SearchResult",
     "WeightSync",
     "WeightSyncError",
     "Weights",
@@ -108,9 +116,13 @@ __all__ = [
     "hookimpl",
     "imbalance",
     "load_config",
+    "load_profile",
     "parse_cluster_config",
     "parse_job_config",
+    "parse_profile",
     "parse_size",
+    "predict",
     "run_job",
+    "search_placements",
     "testing",
 ]

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
+from hwplace.application.forecast import prediction_json, print_prediction, print_search, search_json
 from hwplace.application.job import run_job
 from hwplace.application.notes import print_notes
 from hwplace.application.report import plan_json, print_plan, print_sync_plans, sync_plans, sync_plans_json, table
@@ -25,6 +26,7 @@ from hwplace.application.status import print_status
 from hwplace.application.summary import result_line, summary_data
 from hwplace.config.job_config import parse_job_config
 from hwplace.config.loading import apply_overrides, load_config
+from hwplace.config.records import ClusterConfig
 from hwplace.contracts.capabilities import Leases, require
 from hwplace.contracts.hardware import Device
 from hwplace.foundation.errors import ConfigError, HwplaceError, PlacementError, PluginError
@@ -35,6 +37,10 @@ from hwplace.inventory.cluster import Cluster
 from hwplace.inventory.detection import detect_node_hardware
 from hwplace.inventory.offline import fake_cluster, parse_nodes
 from hwplace.planning.component import ComponentPlacement
+from hwplace.planning.cost import predict
+from hwplace.planning.layouts import SearchResult
+from hwplace.planning.profile import NotMeasured, load_profile
+from hwplace.planning.search import search_placements
 from hwplace.plugin.manager import PluginManager
 from hwplace.plugin.session import get_plugin_manager
 
@@ -85,7 +91,51 @@ def _show_error(error: HwplaceError, err: TextIO) -> None:
 
 def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = parse_job_config(args.config)
-    section = config.cluster
+    if args.search and not args.profile:
+        raise ConfigError("--search", "needs a profile to predict from", allowed="--profile FILE (JSON written by "
+                          "hwplace run --profile, or by hand: docs/resources.md)")
+    if args.top < 1:
+        raise ConfigError("--top", "is how many layouts to show", value=args.top, allowed="1 or more")
+    profile = load_profile(*args.profile) if args.profile else None
+    cluster = _plan_cluster(args, config.cluster, err)
+    try:
+        if args.search:
+            assert profile is not None
+            return _search(search_placements(config, cluster, profile), args, out)
+        plan = ComponentPlacement(config, cluster)
+    except PlacementError as exc:
+        if args.nodes is None and not any(cluster.accelerator_types(range(cluster.num_nodes))) \
+                and not isinstance(exc, NotMeasured):
+            err.write("hwplace: note: no accelerator was detected on this machine; plan against a declared "
+                      "inventory instead, such as --nodes 2x8 or --nodes 2x8:cuda\n")
+        raise
+    syncs = sync_plans(config.weight_sync, plan)
+    prediction = predict(plan, profile) if profile is not None else None
+    if args.json:
+        json.dump({**plan_json(plan), **({"weight_sync": sync_plans_json(syncs)} if syncs else {}),
+                   **({"prediction": prediction_json(prediction)} if prediction else {})}, out, indent=2,
+                  default=safe_repr)
+        out.write("\n")
+    else:
+        print_plan(plan, out)
+        print_sync_plans(syncs, out)
+        if prediction is not None:
+            print_prediction(prediction, out, profile=", ".join(args.profile))
+        print_notes(plan, out)
+    return 0
+
+
+def _search(result: SearchResult, args: argparse.Namespace, out: TextIO) -> int:
+    if args.json:
+        json.dump({"search": search_json(result)}, out, indent=2, default=safe_repr)
+        out.write("\n")
+    else:
+        print_search(result, out, top=args.top, profile=", ".join(args.profile))
+    return 0
+
+
+def _plan_cluster(args: argparse.Namespace, section: ClusterConfig, err: TextIO) -> Cluster:
+    """The cluster ``hwplace plan`` plans on: the inventory of ``--nodes``, else this machine's."""
     if args.nodes is not None:
         # argparse turns the value '--' into an empty list: take it as the text it was
         counts, types = parse_nodes(args.nodes if isinstance(args.nodes, str) else "--")
@@ -100,23 +150,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         cluster = Cluster.this_machine(section)
     for problem in cluster.problems:
         err.write(f"hwplace: warning: {problem}\n")
-    try:
-        plan = ComponentPlacement(config, cluster)
-    except PlacementError:
-        if args.nodes is None and not any(cluster.accelerator_types(range(cluster.num_nodes))):
-            err.write("hwplace: note: no accelerator was detected on this machine; plan against a declared "
-                      "inventory instead, such as --nodes 2x8 or --nodes 2x8:cuda\n")
-        raise
-    syncs = sync_plans(config.weight_sync, plan)
-    if args.json:
-        json.dump({**plan_json(plan), **({"weight_sync": sync_plans_json(syncs)} if syncs else {})}, out, indent=2,
-                  default=safe_repr)
-        out.write("\n")
-    else:
-        print_plan(plan, out)
-        print_sync_plans(syncs, out)
-        print_notes(plan, out)
-    return 0
+    return cluster
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -294,6 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--nodes", help="plan on a declared inventory instead of this machine: 4x8 (4 nodes of 8 "
                       "fake accelerators), 4x8:cuda (of 8 cuda GPUs), 2x8:my-tpu,1x4:cuda, or 8,8,4")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("--profile", action="append", metavar="FILE", help="predict the step time from this profile "
+                      "(JSON; repeat to merge several runs' points): docs/resources.md")
+    plan.add_argument("--search", action="store_true", help="search the placements of the components on the "
+                      "cluster, predict each from --profile, print the best and its component_placement:")
+    plan.add_argument("--top", type=int, default=5, help="how many layouts --search shows (default 5)")
     plan.set_defaults(run=_plan)
     run = commands.add_parser("run", help="run a job: place its components, launch them, call its entry point",
                               description="Connect to Ray (or start an embedded local one), place every component, "

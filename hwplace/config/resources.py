@@ -90,11 +90,13 @@ def parse_resources(section: Any, components: Sequence[str]) -> tuple[ComponentR
         if "memory" not in entry:
             raise ConfigError(path, "declares nothing", allowed="memory: {PHASE: AMOUNT, ...}, such as "
                               "memory: {train: 50GiB, offloaded: 1GiB}")
-        records.append(ComponentResources(name, _memory(entry["memory"], f"{path}.memory")))
+        records.append(ComponentResources(name, parse_memory(entry["memory"], f"{path}.memory")))
     return tuple(records)
 
 
-def _memory(value: Any, path: str) -> dict[str, int]:
+def parse_memory(value: Any, path: str) -> dict[str, int]:
+    """A mapping of phases to amounts (one ``memory:`` of the section, or of a profile's point), checked: phase
+    names, reserved names misspelt, amounts."""
     phases = mapping(value, path)
     if not phases:
         raise ConfigError(path, "is empty", allowed="PHASE: AMOUNT entries, such as train: 50GiB")

@@ -1,0 +1,97 @@
+"""The cost model on planned placements (``predict``): colocated components serialize and pay their turns,
+apart ones pipeline, weight syncs cost their bytes over their slowest transport, memory follows the rule of
+``resources:``."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+
+from hwplace.config.job_config import parse_job_config
+from hwplace.inventory.offline import fake_cluster
+from hwplace.planning.component import ComponentPlacement
+from hwplace.planning.cost import predict
+from hwplace.planning.profile import NotMeasured, Profile, parse_profile
+
+GIB = 2**30
+
+
+def profile(trainer_memory: dict[str, Any] | None = None, swap: bool = True, sync: bool = True) -> Profile:
+    trainer: dict[str, Any] = {"processes": 2, "stages": {"train": {"seconds": 3.0}},
+                               "memory": trainer_memory or {"train": "50GiB", "offloaded": "1GiB"}}
+    if swap:
+        trainer.update(offload={"seconds": 0.25}, onload={"seconds": 0.5})
+    return parse_profile({"version": 1, "components": {
+        "trainer": {"points": [trainer, {**trainer, "processes": 1}]},
+        "rollout": {"points": [{"processes": p, "stages": {"generate": {"seconds": 4.0 / p}}} for p in (1, 2, 4)]}},
+        "weight_sync": {"policy": {"bytes": "2GB"}} if sync else {},
+        "bandwidth": {"same-device": "200GB", "same-node": "20GB", "other-node": "4GB"}})
+
+
+def plan(placement: dict[str, Any], num_nodes: int = 1, per_node: int = 4, **extra: Any) -> ComponentPlacement:
+    job = parse_job_config({"cluster": {"num_nodes": num_nodes, "component_placement": placement},
+                            "weight_sync": {"policy": {"source": "trainer", "targets": ["rollout"]}}, **extra})
+    return ComponentPlacement(job, fake_cluster(job.cluster, accelerators_per_node=per_node))
+
+
+def test_colocated_components_serialize_and_pay_their_turns() -> None:
+    prediction = predict(plan({"trainer,rollout": "0-1"}), profile())
+    (cell,) = prediction.cells
+    assert cell.components == ("trainer", "rollout")
+    # trainer 3 + its offload and onload 0.75 + rollout 2 (it declares no offloaded phase: no turn cost)
+    # + the sync: 2 GB over same-node (rollout rank 1 is on accelerator 1) at 20 GB/s = 0.1
+    assert cell.parts == (("trainer", 3.0), ("trainer offload+onload", 0.75), ("rollout", 2.0),
+                          ("weight sync policy (same-node)", 0.1))
+    assert prediction.step_seconds == pytest.approx(5.85)
+    assert prediction.syncs[0].transport == "same-node"
+
+
+def test_apart_components_pipeline_bounded_by_the_slowest() -> None:
+    prediction = predict(plan({"trainer": "0-1", "rollout": "2-3"}), profile())
+    trainer, rollout = prediction.cells
+    assert trainer.seconds == pytest.approx(3.1)
+    assert rollout.seconds == pytest.approx(2.1)
+    assert prediction.step_seconds == pytest.approx(3.1)
+
+
+def test_a_sync_costs_by_its_slowest_transport() -> None:
+    same_device = predict(plan({"trainer,rollout": "0"}), profile())
+    assert same_device.syncs[0].transport == "same-device"
+    assert same_device.syncs[0].seconds == pytest.approx(0.01)
+    other_node = predict(plan({"trainer": "0-1", "rollout": "2-3"}, num_nodes=2, per_node=2), profile())
+    assert other_node.syncs[0].transport == "other-node"
+    assert other_node.syncs[0].seconds == pytest.approx(0.5)
+
+
+def test_memory_measured_or_declared_follows_the_rule_of_resources() -> None:
+    prediction = predict(plan({"trainer,rollout": "0-1"}, resources={"rollout": {"memory": {"generate": "30GiB"}}}),
+                         profile())
+    # trainer works: 50 GiB + rollout, which declares no turn figure, keeps its 30 GiB
+    assert prediction.peak == 80 * GIB
+    assert prediction.fits
+    over = predict(plan({"trainer,rollout": "0-1"}, resources={"rollout": {"memory": {"generate": "31GiB"}}}),
+                   profile())
+    assert not over.fits
+
+
+def test_what_the_profile_cannot_say_is_refused() -> None:
+    with pytest.raises(NotMeasured, match=r"^trainer was measured on 1 and 2 processes, not on 4 processes; "
+                                          r"profile a run with 4 processes$"):
+        predict(plan({"trainer": "0-3", "rollout": "0-3"}), profile())
+    with pytest.raises(NotMeasured, match=r"trainer offloads .* but its profile at 2 processes has no offload and "
+                                          r"onload seconds"):
+        predict(plan({"trainer,rollout": "0-1"}), profile(swap=False))
+    # apart, the offload is never paid: no need to have measured it
+    assert predict(plan({"trainer": "0-1", "rollout": "2-3"}), profile(swap=False)).step_seconds == pytest.approx(3.1)
+    with pytest.raises(NotMeasured, match="no bytes for weight sync 'policy'") as caught:
+        predict(plan({"trainer": "0-1", "rollout": "2-3"}), profile(sync=False))
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert (type(again), str(again), again.component) == (NotMeasured, str(caught.value), "policy")
+
+
+def test_components_the_profile_lacks_are_listed_not_predicted() -> None:
+    prediction = predict(plan({"trainer": "0-1", "rollout": "2-3", "reward": "3"}), profile())
+    assert prediction.unprofiled == ("reward",)
+    assert [c.components for c in prediction.cells] == [("trainer",), ("rollout",)]

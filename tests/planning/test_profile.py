@@ -1,0 +1,127 @@
+"""Profiles: the version-1 JSON read back to what was written, mistakes named by key path, and no prediction
+outside what was measured (NotMeasured naming the component and the process count)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hwplace.foundation.errors import ConfigError
+from hwplace.planning.profile import DEFAULT_BANDWIDTH, NotMeasured, load_profile, parse_profile
+
+
+def profile_data(**extra: Any) -> dict[str, Any]:
+    return {"version": 1, "components": {
+        "trainer": {"scaling": "data-parallel", "points": [
+            {"processes": 4, "placement": "0-3", "stages": {"train": {"seconds": 2.0}, "publish": {"seconds": 0.5}},
+             "offload": {"seconds": 0.25}, "onload": {"seconds": 0.5},
+             "memory": {"train": "50GiB", "offloaded": 2**30}},
+            {"processes": 1, "stages": {"train": {"seconds": 8.0}, "publish": {"seconds": 0.5}},
+             "memory": {"train": "40GiB"}}]},
+        "rollout": {"points": [{"processes": 2, "devices_per_process": 2, "stages": {"generate": {"seconds": 3}}}]}},
+        "weight_sync": {"policy": {"bytes": "1GB"}}, **extra}
+
+
+def test_a_profile_reads_back_what_it_writes() -> None:
+    profile = parse_profile(profile_data(bandwidth={"other-node": "5GB"}))
+    trainer = profile.component("trainer")
+    assert [p.processes for p in trainer.points] == [1, 4]  # sorted by process count
+    four = trainer.at(4)
+    assert (four.seconds, four.swap, four.memory["train"], four.placement) == (2.5, 0.75, 50 * 2**30, "0-3")
+    assert profile.sync_bytes("policy") == 10**9
+    assert profile.bandwidth == {**DEFAULT_BANDWIDTH, "other-node": 5 * 10**9}
+    assert parse_profile(json.loads(json.dumps(profile.to_json()))) == profile
+
+
+def test_data_parallel_scaling_predicts_between_measured_counts_linearly_in_one_over_processes() -> None:
+    trainer = parse_profile(profile_data()).component("trainer")
+    two = trainer.at(2)
+    # train: 8 s at 1, 2 s at 4: a + b/p through both gives a = 0, b = 8, so 4 s at 2
+    assert two.stages["train"] == pytest.approx(4.0)
+    assert two.stages["publish"] == pytest.approx(0.5)
+    assert not two.measured
+    assert two.swap is None
+    assert two.memory == {"train": 50 * 2**30}  # the larger of the phases both measured
+
+
+@pytest.mark.parametrize(("component", "processes", "per", "words"), [
+    ("trainer", 8, 1, "trainer was measured on 1 and 4 processes (scaling: data-parallel predicts between measured "
+                      "counts, never beyond them), not on 8 processes"),
+    ("rollout", 1, 2, "rollout was measured on 2 processes of 2 accelerators, not on 1 process of 2 accelerators"),
+    ("rollout", 4, 1, "rollout was measured only on 2 processes of 2 accelerators, not on 4 processes"),
+])
+def test_outside_the_measured_points_it_refuses_naming_the_point(component: str, processes: int, per: int,
+                                                                  words: str) -> None:
+    with pytest.raises(NotMeasured, match="^" + words.replace("(", r"\(").replace(")", r"\)")) as caught:
+        parse_profile(profile_data()).component(component).at(processes, per)
+    assert (caught.value.component, caught.value.processes) == (component, processes)
+
+
+def test_without_scaling_two_points_are_only_two_points() -> None:
+    data = profile_data()
+    del data["components"]["trainer"]["scaling"]
+    with pytest.raises(NotMeasured, match="add scaling: data-parallel to predict between them"):
+        parse_profile(data).component("trainer").at(2)
+
+
+def test_what_the_profile_lacks_is_not_measured() -> None:
+    profile = parse_profile(profile_data())
+    with pytest.raises(NotMeasured, match="no entry for component 'reward'"):
+        profile.component("reward")
+    with pytest.raises(NotMeasured, match=r"no bytes for weight sync 'other' \(weight_sync.other.bytes\)"):
+        profile.sync_bytes("other")
+
+
+@pytest.mark.parametrize(("change", "path"), [
+    (lambda d: d.update(version=2), "profile: version"),
+    (lambda d: d.update(extra=1), "profile.extra"),
+    (lambda d: d["components"]["trainer"].update(scaling="linear"), "profile: components.trainer.scaling"),
+    (lambda d: d["components"]["trainer"].update(points=[]), "profile: components.trainer.points"),
+    (lambda d: d["components"]["trainer"]["points"][0].update(processes=0),
+     "profile: components.trainer.points[0].processes"),
+    (lambda d: d["components"]["trainer"]["points"][0].update(procs=1), "profile: components.trainer.points[0].procs"),
+    (lambda d: d["components"]["trainer"]["points"][0]["stages"].update(train={"seconds": -1}),
+     "profile: components.trainer.points[0].stages.train.seconds"),
+    (lambda d: d["components"]["trainer"]["points"][0]["stages"].update(train=2.0),
+     "profile: components.trainer.points[0].stages.train"),
+    (lambda d: d["components"]["trainer"]["points"][0]["memory"].update(train="50G"),
+     "profile: components.trainer.points[0].memory.train"),
+    (lambda d: d["components"]["trainer"]["points"][0].update(memory={"offloaded": "1GiB"}),
+     "profile: components.trainer.points[0].memory"),
+    (lambda d: d["components"]["trainer"]["points"][0]["memory"].update(ofloaded="1GiB"),
+     "profile: components.trainer.points[0].memory.ofloaded"),
+    (lambda d: d["components"]["trainer"]["points"][0].update(memory={}),
+     "profile: components.trainer.points[0].memory"),
+    (lambda d: d["components"]["trainer"]["points"][1].update(processes=4), "profile: components.trainer.points"),
+    (lambda d: d["weight_sync"]["policy"].update(bytes=1.5), "profile: weight_sync.policy.bytes"),
+    (lambda d: d.update(bandwidth={"same-rack": "1GB"}), "profile: bandwidth.same-rack"),
+    (lambda d: d.update(bandwidth={"same-node": 0}), "profile: bandwidth.same-node"),
+])
+def test_mistakes_name_their_key_path(change: Any, path: str) -> None:
+    data = profile_data()
+    change(data)
+    with pytest.raises(ConfigError, match=re.escape(path)) as caught:
+        parse_profile(data)
+    assert caught.value.path == path
+
+
+def test_profiles_of_several_runs_merge_and_a_point_measured_twice_is_refused(tmp_path: Path) -> None:
+    first, second, again = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    first.write_text(json.dumps(profile_data()))
+    more = {"version": 1, "components": {"rollout": {"points": [
+        {"processes": 4, "devices_per_process": 2, "stages": {"generate": {"seconds": 1.5}}}]}}}
+    second.write_text(json.dumps(more))
+    merged = load_profile(first, second)
+    assert merged.component("rollout").measured(2) == [2, 4]
+    again.write_text(json.dumps(profile_data()))
+    with pytest.raises(ConfigError, match="measures 1 process again"):
+        load_profile(first, again)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match="is not JSON"):
+        load_profile(tmp_path / "bad.json")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_profile(tmp_path / "absent.json")

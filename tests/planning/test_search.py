@@ -1,0 +1,208 @@
+"""The placement search equals brute force: on every fake cluster of up to 16 accelerators with nodes of one
+size (and a sample of uneven ones, and of mixed capacities), each layout's best predicted step is the least
+that trying every plan of that layout finds, where each plan is built as a real ``component_placement``
+(``ComponentPlacement``) and predicted by ``hwplace.planning.cost.predict`` from its placements, not by the
+search's own arithmetic."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import yaml
+
+from hwplace.config.job_config import parse_job_config
+from hwplace.foundation.errors import PlacementError
+from hwplace.foundation.settings import FAKE_ACCELERATOR
+from hwplace.inventory.cluster import Cluster
+from hwplace.inventory.offline import fake_cluster
+from hwplace.planning.component import ComponentPlacement
+from hwplace.planning.cost import predict
+from hwplace.planning.profile import NotMeasured, Profile, parse_profile
+from hwplace.planning.search import search_placements
+
+
+def point(processes: int, stage: str, seconds: float, memory: dict[str, str], *, per: int = 1,
+          swap: float | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"processes": processes, "devices_per_process": per,
+                             "stages": {stage: {"seconds": seconds}}, "memory": memory}
+    if swap is not None:
+        entry["offload"] = {"seconds": swap / 2}
+        entry["onload"] = {"seconds": swap / 2}
+    return entry
+
+
+TRAINER = {"scaling": "data-parallel", "points": [
+    point(1, "train", 9.0, {"train": "50GiB", "offloaded": "1GiB"}, swap=0.6),
+    point(4, "train", 2.6, {"train": "50GiB", "offloaded": "1GiB"}, swap=0.4),
+    point(16, "train", 1.1, {"train": "50GiB", "offloaded": "1GiB"}, swap=0.3)]}
+ROLLOUT = {"scaling": "data-parallel", "points": [  # two accelerators a process; it keeps 25 GiB between turns
+    point(1, "generate", 7.0, {"generate": "40GiB", "idle": "25GiB"}, per=2),
+    point(2, "generate", 3.9, {"generate": "40GiB", "idle": "25GiB"}, per=2),
+    point(8, "generate", 1.3, {"generate": "40GiB", "idle": "25GiB"}, per=2)]}
+REWARD = {"points": [  # measured only on 1 and 2 processes; it takes no turns
+    point(1, "score", 2.5, {"score": "10GiB"}),
+    point(2, "score", 1.5, {"score": "10GiB"})]}
+
+
+def make_profile(**components: dict[str, Any]) -> Profile:
+    return parse_profile({"version": 1, "components": components, "weight_sync": {"policy": {"bytes": "4GB"}},
+                          "bandwidth": {"same-device": "400GB", "same-node": "20GB", "other-node": "5GB"}})
+
+
+def job_of(names: Sequence[str], placement: dict[str, str] | None = None, num_nodes: int = 1) -> Any:
+    placement = placement or {name: str(i) for i, name in enumerate(names)}
+    return parse_job_config({"cluster": {"num_nodes": num_nodes, "component_placement": placement},
+                             "weight_sync": {"policy": {"source": "trainer", "targets": ["rollout"]}}})
+
+
+def layouts(names: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """Every set partition, by labelling each component with a cell number (canonical labellings only)."""
+    for labels in itertools.product(range(len(names)), repeat=len(names)):
+        if all(labels[i] <= max(labels[:i], default=-1) + 1 for i in range(len(labels))):
+            cells = [tuple(n for n, label in zip(names, labels, strict=True) if label == k)
+                     for k in range(max(labels) + 1)]
+            yield tuple(cells)
+
+
+def cluster_of(names: Sequence[str], counts: list[int], gib: Sequence[int] = ()) -> Cluster:
+    """A fake cluster of ``counts`` accelerators per node; ``gib`` gives each accelerator's capacity in GiB, in
+    rank order (80 GiB each by default)."""
+    cluster = fake_cluster(job_of(names, num_nodes=len(counts)).cluster, accelerators_per_node=counts)
+    if not gib:
+        return cluster
+    sizes = iter(gib)
+    nodes = [dataclasses.replace(node, hardware={kind: tuple(
+        dataclasses.replace(d, properties={"memory_bytes": next(sizes) * 2**30}) for d in devices)
+        if kind == FAKE_ACCELERATOR else devices for kind, devices in node.hardware.items()})
+        for node in cluster.nodes]
+    return Cluster(cluster.config, nodes=nodes, plugin_manager=cluster.plugin_manager)
+
+
+def brute_force(names: Sequence[str], counts: list[int], profile: Profile,
+                gib: Sequence[int] = ()) -> dict[tuple[str, ...], float]:
+    """Each layout's least predicted step over every order and size of its cells, packed from accelerator 0,
+    each plan built as a real placement and predicted from it; a layout without a plan is absent."""
+    total = sum(counts)
+    cluster = cluster_of(names, counts, gib)
+    best: dict[tuple[str, ...], float] = {}
+    for layout in layouts(names):
+        key = tuple(",".join(cell) for cell in layout)
+        for order in itertools.permutations(layout):
+            for sizes in itertools.product(range(1, total + 1), repeat=len(order)):
+                if sum(sizes) > total:
+                    continue
+                placement, first = {}, 0
+                for cell, size in zip(order, sizes, strict=True):
+                    span = f"{first}-{first + size - 1}"
+                    for name in cell:
+                        per = profile.components[name].points[0].devices_per_process
+                        if size % per:
+                            break
+                        placement[name] = span if per == 1 else f"{span}:0-{size // per - 1}"
+                    first += size
+                if len(placement) < len(names):
+                    continue
+                try:
+                    plan = ComponentPlacement(job_of(names, placement, len(counts)), cluster)
+                    prediction = predict(plan, profile)
+                except (NotMeasured, PlacementError):
+                    continue
+                if prediction.fits and prediction.step_seconds < best.get(key, math.inf):
+                    best[key] = prediction.step_seconds
+    return best
+
+
+def shapes(most: int) -> list[list[int]]:
+    """Every even cluster of up to ``most`` accelerators, and uneven ones of two and three nodes."""
+    even = [[per] * nodes for nodes in range(1, most + 1) for per in range(1, most // nodes + 1)]
+    uneven = [[a, b] for a in range(1, most) for b in range(1, most - a + 1) if a != b and a + b <= most]
+    return even + uneven[::3] + [[4, 2, 1], [2, 3, 2], [5, 1, 6]]
+
+
+def check(names: Sequence[str], counts: list[int], profile: Profile, gib: Sequence[int] = ()) -> None:
+    expected = brute_force(names, counts, profile, gib)
+    cluster = cluster_of(names, counts, gib)
+    try:
+        result = search_placements(job_of(names, num_nodes=len(counts)), cluster, profile)
+    except PlacementError:  # NotMeasured too
+        assert expected == {}, counts
+        return
+    found = {tuple(",".join(cell) for cell in c.layout): c.step_seconds for c in result.candidates
+             if c.step_seconds is not None}
+    assert found.keys() == expected.keys(), counts
+    for key, seconds in found.items():
+        assert seconds == pytest.approx(expected[key], rel=1e-12), (counts, key)
+    pasted = yaml.safe_load(result.component_placement())["component_placement"]
+    prediction = predict(ComponentPlacement(job_of(names, pasted, len(counts)), cluster), profile)
+    assert prediction.step_seconds == pytest.approx(result.best.step_seconds, rel=1e-12)
+    assert prediction.fits
+
+
+@pytest.mark.parametrize("counts", shapes(16), ids=lambda c: "x".join(map(str, c)))
+def test_two_components_equal_brute_force_on_every_cluster_up_to_16(counts: list[int]) -> None:
+    check(["trainer", "rollout"], counts, make_profile(trainer=TRAINER, rollout=ROLLOUT))
+
+
+@pytest.mark.parametrize("counts", [c for c in shapes(8) if len(c) <= 4], ids=lambda c: "x".join(map(str, c)))
+def test_three_components_equal_brute_force(counts: list[int]) -> None:
+    check(["trainer", "rollout", "reward"], counts, make_profile(trainer=TRAINER, rollout=ROLLOUT, reward=REWARD))
+
+
+@pytest.mark.parametrize("gib", [[40, 40, 80, 80, 80, 80, 40, 80], [80, 60, 80, 40, 80, 80, 24, 80],
+                                 [60] * 8, [40] * 8], ids=lambda g: "-".join(map(str, g)))
+def test_mixed_capacities_equal_brute_force(gib: list[int]) -> None:
+    """Which accelerators a cell lands on decides whether it fits: the search tries every order."""
+    check(["trainer", "rollout", "reward"], [4, 4], make_profile(trainer=TRAINER, rollout=ROLLOUT, reward=REWARD),
+          gib)
+
+
+def test_components_on_other_node_groups_keep_their_placement() -> None:
+    job = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": {
+        "rollout,trainer": "0-1", "env": {"node_group": "node", "placement": "0:0-1"}}},
+        "weight_sync": {"policy": {"source": "trainer", "targets": ["rollout"]}}})
+    cluster = fake_cluster(job.cluster, accelerators_per_node=4)
+    result = search_placements(job, cluster, make_profile(trainer=TRAINER, rollout=ROLLOUT))
+    pasted = yaml.safe_load(result.component_placement())["component_placement"]
+    assert pasted["env"] == {"node_group": "node", "placement": "0:0-1"}
+    raw = job.to_dict()
+    raw["cluster"]["component_placement"] = pasted
+    replanned = ComponentPlacement(parse_job_config(raw), cluster)
+    assert predict(replanned, make_profile(trainer=TRAINER, rollout=ROLLOUT)).unprofiled == ("env",)
+    assert result.best.label == "rollout,trainer"  # 7.1 s against 7.2 s apart; named in the config's order
+
+
+def test_nothing_predictable_is_refused_naming_what_was_measured() -> None:
+    only_four = {"points": [point(4, "train", 2.0, {"train": "10GiB"})]}
+    job = job_of(["trainer", "rollout"])
+    cluster = fake_cluster(job.cluster, accelerators_per_node=2)
+    with pytest.raises(NotMeasured, match=r"^no placement of trainer, rollout on 2 accelerators can be predicted"):
+        search_placements(job, cluster, make_profile(trainer=only_four, rollout=ROLLOUT))
+    with pytest.raises(NotMeasured, match=r"trainer \| rollout: no count of accelerators up to 2 predicts trainer "
+                                          r"\(measured on 4 processes\)"):
+        search_placements(job, cluster, make_profile(trainer=only_four, rollout=ROLLOUT))
+    with pytest.raises(NotMeasured, match="the profile has no entry for component 'rollout'"):
+        search_placements(job, cluster, make_profile(trainer=only_four))
+
+
+def test_nothing_that_fits_is_a_placement_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWPLACE_FAKE_ACCELERATOR_MEMORY", "30GiB")
+    job = job_of(["trainer", "rollout"])
+    cluster = fake_cluster(job.cluster, accelerators_per_node=4)
+    with pytest.raises(PlacementError, match=r"no placement of trainer, rollout on .* fits: .*peak memory") as caught:
+        search_placements(job, cluster, make_profile(trainer=TRAINER, rollout=ROLLOUT))
+    assert not isinstance(caught.value, NotMeasured)
+
+
+@pytest.mark.parametrize(("count", "bell"), [(1, 1), (2, 2), (3, 5), (4, 15), (5, 52)])
+def test_every_layout_is_searched_once(count: int, bell: int) -> None:
+    names = ["a", "b", "c", "d", "e"][:count]
+    job = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": dict.fromkeys(names, "0")}})
+    flat = make_profile(**{n: {"points": [point(1, "work", 1.0, {"work": "1GiB"})]} for n in names})
+    result = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=count), flat)
+    assert len({c.layout for c in result.candidates}) == len(result.candidates) == bell
+    assert result.best.label == " | ".join(names)  # apart, each on its own accelerator: 1 s
