@@ -23,6 +23,7 @@ from hwplace.contracts.capabilities import Restarts
 from hwplace.contracts.executor import GroupRuntime
 from hwplace.contracts.records import Placement
 from hwplace.foundation.errors import WorkerError
+from hwplace.plugin.session import session
 
 SERVING, RESTARTING, DEAD = "serving", "restarting", "dead"
 
@@ -37,6 +38,22 @@ class RankStatus:
     state: str
     restarts: int
     cause: str
+
+
+FAILURE_LISTENERS = "group failure listeners"  # session state: told when a group's restarts are used up
+
+
+def on_group_failure(listener: Callable[[WorkerError], None]) -> Callable[[], None]:
+    """Tell ``listener`` (from a thread of its own) when a group of this process uses up its restarts, with the
+    last death (``hwplace run`` ends the job then); returns the function that stops telling it."""
+    listeners: list[Callable[[WorkerError], None]] = session().state(FAILURE_LISTENERS, list)
+    listeners.append(listener)
+
+    def remove() -> None:
+        if listener in listeners:
+            listeners.remove(listener)
+
+    return remove
 
 
 def first_line(error: BaseException) -> str:
@@ -63,6 +80,8 @@ class Supervisor:
         self._used = [0] * size  # with scope="group", every rank's entry is the group's count
         self._closed = False
         self.failure: WorkerError | None = None  # a death that used up the restarts of a policy that had some
+        self._listeners: list[Callable[[WorkerError], None]] = session().state(FAILURE_LISTENERS, list)
+        self._told_failure = False
 
     def start(self) -> None:
         """Be told of each death from now on (when the executor can restart)."""
@@ -95,15 +114,20 @@ class Supervisor:
         if self._on_change is not None and not self._closed:
             with contextlib.suppress(Exception):  # what hwplace status shows, no more: the restart goes on
                 self._on_change(self.status())
+        failure = self.failure
+        if failure is not None and not self._closed and not self._told_failure:
+            self._told_failure = True
+            for listener in list(self._listeners):
+                listener(failure)
 
     def _next(self, rank: int, cause: str) -> bool:
         """Under the lock: restart ``rank`` (or the group) if restarts are left, else leave it dead."""
         if self._used[rank] >= self.policy.max_restarts or self._executor is None:
             self._states[rank] = DEAD
             if self.policy.max_restarts:  # restarts left at 0 end the group (SPEC §12); without any, today's rule
-                self.failure = WorkerError(f"the worker process died ({cause}) and its restarts are used up "
-                                           f"({self._used[rank]} of {self.policy.max_restarts})", group=self.name,
-                                           rank=rank, node_rank=self._placements[rank].node_rank)
+                self.failure = WorkerError(f"{cause}; its restarts are used up ({self._used[rank]} of "
+                                           f"{self.policy.max_restarts})", group=self.name, rank=rank,
+                                           node_rank=self._placements[rank].node_rank)
             return False
         ranks = [rank] if self.policy.scope == "rank" else list(range(len(self._placements)))
         attempt = self._used[rank] + 1

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +107,45 @@ def test_the_result_is_printed_and_a_summary_refuses_what_json_cannot_hold(tmp_p
     assert code == 2  # it was written as "<object object at 0x...>", with exit 0
     assert err.startswith("hwplace: error: --summary: result['stats'][1] is an object (<object object at 0x"), err
     assert not summary.exists()
+
+
+DOOMED = """\
+job: {entrypoint: doomed.py:main}
+cluster:
+  num_nodes: 1
+  executor: processes
+  component_placement: {doomed: 0-1}
+restart:
+  doomed: {max_restarts: 2}
+"""
+
+class Doomed(hwplace.Worker):
+    def __init__(self) -> None:
+        if self.rank == 1:  # every process of rank 1 dies soon after it starts
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+
+
+DOOMED_ENTRY = """\
+import threading
+from pathlib import Path
+from test_run import Doomed
+
+
+def main(job):
+    job.launch(Doomed, "doomed")
+    Path(__file__).with_name("waiting").touch()
+    threading.Event().wait()  # never set: only the group's end can stop this wait
+"""
+
+
+def test_a_group_that_uses_up_its_restarts_ends_the_job_with_its_last_cause(tmp_path: Path) -> None:
+    (tmp_path / "doomed.py").write_text(DOOMED_ENTRY)
+    config = tmp_path / "doomed.yaml"
+    config.write_text(DOOMED)
+    with process_cluster(1, 4):
+        code, out, err = run(str(config))
+    assert (tmp_path / "waiting").exists()
+    assert code == 1, err
+    assert "restarts in place: 2 restarts per rank" in out
+    assert "group 'doomed' rank 1 on node 0: the worker process died" in err, err
+    assert "its restarts are used up (2 of 2)" in err, err
