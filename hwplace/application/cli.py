@@ -1,5 +1,5 @@
 """The ``hwplace`` command: ``plan`` a config without launching anything, ``run`` a job, list ``hardware``, show
-the ``status`` of a running cluster.
+the ``status`` of a running cluster, sum up a run's trace (``report``).
 
 Each command parses its config once into a :class:`~hwplace.JobConfig` and hands that record on. Imports the
 layers below and the other modules of :mod:`hwplace.application`.
@@ -23,6 +23,8 @@ from hwplace.application.notes import print_notes
 from hwplace.application.report import plan_json, print_plan, print_sync_plans, sync_plans, sync_plans_json, table
 from hwplace.application.status import print_status
 from hwplace.application.summary import result_line, summary_data
+from hwplace.application.timeline import load_trace, recording
+from hwplace.application.trace_report import print_report
 from hwplace.config.job_config import parse_job_config
 from hwplace.config.loading import apply_overrides, load_config
 from hwplace.contracts.capabilities import Leases, require
@@ -133,7 +135,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             raise ConfigError("--nodes", "a simulated cluster has fake accelerators only", value=args.nodes,
                               allowed="4x8 or 8,8,4 without a :type; plan other types with hwplace plan --nodes")
     try:
-        with _worker_output(args.worker_output):
+        with _worker_output(args.worker_output), recording(args.trace, args.profile, config.resources):
             result = run_job(config, accelerators_per_node=counts, out=out,
                              base=os.path.dirname(os.path.abspath(args.config)), job_name=_stem(args.config))
     except ConfigError as exc:  # the simulated cluster's shape is the option's mistake: name the option
@@ -149,6 +151,16 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             json.dump(data, file, indent=2, allow_nan=False)
             file.write("\n")
         out.write(f"summary: {args.summary}\n")
+    for option, path in (("trace", args.trace), ("profile", args.profile)):
+        if path is not None:
+            out.write(f"{option}: {path}\n")
+    return 0
+
+
+def _report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.top < 1:
+        raise ConfigError("--top", "must be at least 1", value=args.top)
+    print_report(load_trace(args.trace), out, top=args.top, node_type=get_plugin_manager().node_backend().name)
     return 0
 
 
@@ -306,7 +318,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--summary", metavar="FILE", help="write what the job's entry point returns to FILE, as JSON")
     run.add_argument("--worker-output", action="store_true", help="show the workers' output and the executor's "
                      "log lines (Ray's) here; by default they stay in the executor's logs, which the run names")
+    run.add_argument("--trace", metavar="FILE", help="write the run's timeline to FILE: a Chrome / Perfetto trace "
+                     "with a track per worker (open it in ui.perfetto.dev; hwplace report FILE sums it up)")
+    run.add_argument("--profile", metavar="FILE", help="write each component's stage durations and peak memory per "
+                     "phase to FILE, as JSON (what plan --search reads)")
     run.set_defaults(run=_run)
+    report = commands.add_parser("report", help="sum up a trace of hwplace run --trace: each device's idle share "
+                                 "per stage and the longest waits")
+    report.add_argument("trace", metavar="FILE", help="a trace written by hwplace run --trace FILE")
+    report.add_argument("--top", type=int, default=10, help="how many of the longest waits to list (default: 10)")
+    report.set_defaults(run=_report)
     hardware = commands.add_parser("hardware", help="list the registered backends and what they detect here")
     hardware.add_argument("--config", help="also detect the devices this config declares for this node")
     hardware.add_argument("--node-rank", help="which node of the config this machine is (default: "

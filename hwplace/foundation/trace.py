@@ -46,7 +46,7 @@ class Recorder:
         self._track: dict[str, Any] | None = {**track, "pid": os.getpid(), "host": socket.gethostname(),
                                               "tid": threading.get_native_id()}
         self._buffer: list[tuple[str, str, int, int, int, Mapping[str, Any]]] = []
-        self._threads: dict[int, str] = {}  # named in the file, by native thread id
+        self._threads: dict[int, str | None] = {}  # by native thread id: its name, until the file has it (None)
         # wall-clock nanoseconds = monotonic nanoseconds + offset: ordered within the process, comparable across
         self.offset = time.time_ns() - time.perf_counter_ns()
 
@@ -54,7 +54,7 @@ class Recorder:
         tid = threading.get_native_id()
         with self._lock:
             if tid not in self._threads:
-                self._threads[tid] = ""
+                self._threads[tid] = threading.current_thread().name
             self._buffer.append((name, category, start, end, tid, args))
             full = len(self._buffer) >= FLUSH_AT
         if full:
@@ -66,10 +66,10 @@ class Recorder:
             spans, self._buffer = self._buffer, []
             lines = [json.dumps({"track": self._track})] if self._track is not None else []
             self._track = None
-            for tid, named in self._threads.items():
-                if not named:
-                    lines.append(json.dumps({"thread": tid, "name": _thread_name(tid)}))
-                    self._threads[tid] = "named"
+            for tid, name in self._threads.items():
+                if name is not None:
+                    lines.append(json.dumps({"thread": tid, "name": name}))
+                    self._threads[tid] = None
             for name, category, start, end, tid, args in spans:
                 entry: dict[str, Any] = {"n": name, "c": category, "ts": start + self.offset, "d": end - start,
                                          "t": tid}
@@ -79,13 +79,6 @@ class Recorder:
             if lines:
                 with open(self.path, "a", encoding="utf-8") as file:
                     file.write("\n".join(lines) + "\n")
-
-
-def _thread_name(tid: int) -> str:
-    for thread in threading.enumerate():
-        if thread.native_id == tid:
-            return thread.name
-    return f"thread {tid}"
 
 
 _active: Recorder | None = None
