@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hwplace.config.resources import ComponentResources
+from hwplace.config.resources import OFFLOADED, ComponentResources
 from hwplace.foundation.trace import WAIT
 
 VERSION = 1
@@ -40,7 +40,7 @@ def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResourc
         group = track["group"]
         durations[group][event["name"]].append(event["dur"] / 1e6)
         args = event.get("args") or {}
-        phase, amount = ("offloaded", args.get("memory_bytes")) if event["name"] == "offload" else \
+        phase, amount = (OFFLOADED, args.get("memory_bytes")) if event["name"] == "offload" else \
             (event["name"], args.get("peak_memory_bytes"))
         if isinstance(amount, int):
             memory[group][phase] = max(amount, memory[group].get(phase, 0))

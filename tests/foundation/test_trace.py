@@ -63,11 +63,14 @@ def test_on_spans_reach_the_file_when_a_call_ends_with_names_categories_argument
     assert found[0]["a"] == {"channel": "experience", "queue": "default"}
     assert found[1]["a"] == {"memory_bytes": 5}
     step, turn = found[3], found[2]
-    assert step["ts"] <= found[0]["ts"] and found[0]["ts"] + found[0]["d"] <= step["ts"] + step["d"]
-    assert step["ts"] <= turn["ts"] and turn["ts"] + turn["d"] <= step["ts"] + step["d"]
+    assert step["ts"] <= found[0]["ts"]
+    assert found[0]["ts"] + found[0]["d"] <= step["ts"] + step["d"]
+    assert step["ts"] <= turn["ts"]
+    assert turn["ts"] + turn["d"] <= step["ts"] + step["d"]
     assert all(s["d"] >= 0 and s["t"] == threading.get_native_id() for s in found)
     first = lines(tmp_path)[0]["track"]
-    assert {k: first[k] for k in TRACK} == TRACK and first["tid"] == threading.get_native_id()
+    assert {k: first[k] for k in TRACK} == TRACK
+    assert first["tid"] == threading.get_native_id()
 
 
 def test_every_thread_is_named_once_before_its_spans(tmp_path: Path) -> None:
@@ -115,7 +118,7 @@ def test_a_full_buffer_is_written_without_waiting_for_the_call(tmp_path: Path,
 
 def test_a_span_that_raises_is_recorded_and_the_call_span_still_writes(tmp_path: Path) -> None:
     trace.start(str(tmp_path), TRACK)
-    with pytest.raises(KeyError), trace.call_span("step"), trace.span("get", trace.WAIT):
+    with pytest.raises(KeyError, match="x"), trace.call_span("step"), trace.span("get", trace.WAIT):
         raise KeyError("x")
     assert [s["n"] for s in spans(tmp_path)] == ["get", "step"]
 
