@@ -2,11 +2,11 @@
 
 ``{"version": 1, "components": {name: {"processes": N, "stages": {stage: {"seconds": median, "count": n,
 "total_seconds": s, "max_seconds": m}}, "memory": {phase: bytes}, "memory_source": "measured" | "declared"}}}``.
-A stage is a span name of the component's workers that is not a wait: each group call (named after its method),
-``turn`` (a turn held), ``offload``, ``onload``, ``weights.publish``, ``weights.load_into``. Memory is measured
-where the device reports it (CUDA: torch's peak allocation during each group call, named after the method, and
-what a worker holds after ``offload()``, as ``offloaded``); elsewhere it is what ``resources:`` declares for the
-component. Imports the layers below.
+A stage is a span name of the component's workers that is neither a wait nor the time between calls: each group
+call (named after its method), ``turn`` (a turn held), ``offload``, ``onload``, ``weights.publish``,
+``weights.load_into``. Memory is measured where the device reports it (CUDA: torch's peak allocation during each
+group call, named after the method, and what a worker holds after ``offload()``, as ``offloaded``); elsewhere it
+is what ``resources:`` declares for the component. Imports the layers below.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hwplace.config.resources import OFFLOADED, ComponentResources
-from hwplace.foundation.trace import WAIT
+from hwplace.foundation.trace import IDLE, WAIT
 
 VERSION = 1
 
@@ -32,7 +32,7 @@ def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResourc
     durations: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     memory: dict[str, dict[str, int]] = defaultdict(dict)
     for event in trace["traceEvents"]:
-        if event.get("ph") != "X" or event.get("cat") == WAIT:
+        if event.get("ph") != "X" or event.get("cat") in (WAIT, IDLE):
             continue
         track = tracks.get(f"{event['pid']}:{event['tid']}")
         if track is None:

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
-from hwplace.foundation.trace import CALL, WAIT
+from hwplace.foundation.trace import CALL, IDLE, WAIT
 from hwplace.foundation.wording import plural
 
 Intervals = list[tuple[float, float]]
@@ -89,6 +89,8 @@ class TraceSummary:
             if event["name"] == CONSTRUCTOR:  # launching: not part of the run's steps
                 continue
             spans[key][event.get("cat", "")].append((start, end))
+            if event.get("cat") == IDLE:  # between calls: no part of the run's window
+                continue
             first, last = min(first, start), max(last, end)
             if event.get("cat") == CALL:
                 stage_spans[f"{tracks[key]['group']}.{event['name']}"].append((start, end))
@@ -97,6 +99,7 @@ class TraceSummary:
         self.window: Intervals = [(first, last)] if last > first else []
         self.calls = {key: union(by_category[CALL]) for key, by_category in spans.items()}
         self.busy = {key: subtract(self.calls[key], union(by_category[WAIT])) for key, by_category in spans.items()}
+        self.spans = spans
         self.stages = {WHOLE_RUN: self.window, **{name: union(found) for name, found in sorted(stage_spans.items())}}
         self.waits.sort(key=lambda wait: (-wait[0], wait[1]))
         holders: dict[tuple[int, str], list[str]] = defaultdict(list)
@@ -125,19 +128,34 @@ class TraceSummary:
                 shares[stage] = (span, 1 - overlap(busy, window) / span)
         return shares
 
+    def workers(self) -> dict[str, dict[str, float]]:
+        """Per worker, over its time from its first group call's start to its last one's end (constructors left
+        out): the shares of that time ``in calls``, ``waiting`` in them, ``between calls``, and ``covered`` by any
+        span."""
+        by_worker: dict[str, dict[str, Intervals]] = defaultdict(lambda: defaultdict(list))
+        for key, track in self.tracks.items():
+            for category, found in self.spans.get(key, {}).items():
+                by_worker[f"{track['group']} rank {track['rank']}"][category] += found
+        result = {}
+        for worker, categories in sorted(by_worker.items()):
+            calls = union(categories[CALL])
+            if not calls:
+                continue
+            window = [(calls[0][0], calls[-1][1])]
+            span = length(window)
+            if span <= 0:
+                continue
+            every = union(interval for found in categories.values() for interval in found)
+            result[worker] = {"in calls": length(calls) / span,
+                              "waiting": overlap(union(categories[WAIT]), calls) / span,
+                              "between calls": overlap(union(categories[IDLE]), window) / span,
+                              "covered": overlap(every, window) / span}
+        return result
+
     def coverage(self) -> dict[str, float]:
         """Per worker: the share of its time from its first group call's start to its last one's end that its
-        group calls cover (the waits in them included; constructors left out)."""
-        calls: dict[str, Intervals] = defaultdict(list)
-        for key, track in self.tracks.items():
-            calls[f"{track['group']} rank {track['rank']}"] += self.calls.get(key, [])
-        result = {}
-        for worker, found in sorted(calls.items()):
-            merged = union(found)
-            if merged:
-                span = merged[-1][1] - merged[0][0]
-                result[worker] = length(merged) / span if span > 0 else 1.0
-        return result
+        spans cover (constructors left out)."""
+        return {worker: shares["covered"] for worker, shares in self.workers().items()}
 
 
 def print_report(trace: Mapping[str, Any], out: TextIO, top: int = 10, node_type: str | None = None) -> TraceSummary:
@@ -160,6 +178,11 @@ def print_report(trace: Mapping[str, Any], out: TextIO, top: int = 10, node_type
                 out.write(f"    {stage:<{width}}  {span / 1e6:9.3f} s  idle {100 * idle:5.1f}%\n")
     else:
         out.write("\nno worker holds an accelerator or device: no idle shares\n")
+    out.write("\neach worker's time, from its first group call to the end of its last: in calls (waiting in them), "
+              "between calls (waiting for its driver), covered by spans\n")
+    for worker, shares in summary.workers().items():
+        out.write(f"  {worker:<24} in calls {100 * shares['in calls']:5.1f}% (waiting {100 * shares['waiting']:5.1f}%)"
+                  f"  between calls {100 * shares['between calls']:5.1f}%  covered {100 * shares['covered']:5.1f}%\n")
     out.write(f"\nlongest waits (top {top})\n" if summary.waits else "\nno waits recorded\n")
     for duration, start, key, name, args in summary.waits[:top]:
         detail = ", ".join(f"{k} {v!r}" if isinstance(v, str) else f"{k} {v}" for k, v in args.items())

@@ -13,7 +13,9 @@ A line is either the process's track (``{"track": {...}}``: who it is, written f
 
 Categories: ``call`` (a group call, named after the method), ``wait`` (blocked on a channel, a turn or a
 weight version), ``turn`` (holding a turn), ``memory`` (offload and onload), ``sync`` (weight publish and
-apply). Imports nothing of hwplace; torch only when it is already imported (peak memory of CUDA calls).
+apply), ``idle`` (``between calls``: no group call running, from the end of the last to the start of the next,
+so the driver's own time between calls shows on the worker's track too). Imports nothing of hwplace; torch only
+when it is already imported (peak memory of CUDA calls).
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-CALL, WAIT, TURN, MEMORY, SYNC = "call", "wait", "turn", "memory", "sync"
-CATEGORIES = (CALL, WAIT, TURN, MEMORY, SYNC)
+CALL, WAIT, TURN, MEMORY, SYNC, IDLE = "call", "wait", "turn", "memory", "sync", "idle"
+CATEGORIES = (CALL, WAIT, TURN, MEMORY, SYNC, IDLE)
+BETWEEN_CALLS = "between calls"  # the idle span from the end of a worker's calls to the start of its next one
 FLUSH_AT = 4096  # spans buffered before they are written, whatever the calls do
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -49,6 +52,23 @@ class Recorder:
         self._threads: dict[int, str | None] = {}  # by native thread id: its name, until the file has it (None)
         # wall-clock nanoseconds = monotonic nanoseconds + offset: ordered within the process, comparable across
         self.offset = time.time_ns() - time.perf_counter_ns()
+        self._calls = 0  # group calls running now
+        self._calls_ended: int | None = None  # when the last one ended, if none runs
+
+    def call_started(self, now: int) -> None:
+        """A group call starts: the time since the last one ended, with none running, is a ``between calls`` span."""
+        with self._lock:
+            ended = self._calls_ended if not self._calls else None
+            self._calls += 1
+            self._calls_ended = None
+        if ended is not None:
+            self.record(BETWEEN_CALLS, IDLE, ended, now, {})
+
+    def call_ended(self, now: int) -> None:
+        with self._lock:
+            self._calls -= 1
+            if not self._calls:
+                self._calls_ended = now
 
     def record(self, name: str, category: str, start: int, end: int, args: Mapping[str, Any]) -> None:
         tid = threading.get_native_id()
@@ -158,13 +178,17 @@ def call_span(method: str) -> Iterator[None]:
     cuda = _cuda()
     if cuda is not None:
         cuda.reset_peak_memory_stats()
-    started = _Span(recorder, method, CALL, {})
+    start = time.perf_counter_ns()
+    recorder.call_started(start)
+    args: dict[str, Any] = {}
     try:
-        with started:
-            yield
-            if cuda is not None:
-                started.args["peak_memory_bytes"] = int(cuda.max_memory_allocated())
+        yield
+        if cuda is not None:
+            args["peak_memory_bytes"] = int(cuda.max_memory_allocated())
     finally:
+        end = time.perf_counter_ns()  # one instant ends the call and starts the time between calls
+        recorder.record(method, CALL, start, end, args)
+        recorder.call_ended(end)
         recorder.flush()
 
 

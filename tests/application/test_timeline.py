@@ -173,19 +173,21 @@ def test_a_traced_run_has_a_span_for_every_call_wait_turn_and_weight_version(tmp
                 assert by_worker[group, rank][f"memory:{hook}"] == hooks[group][rank][hook]
     assert by_worker["trainer", 0]["sync:weights.publish"] == STEPS + 1
     assert by_worker["trainer", 1]["sync:weights.publish"] == 0
-    for (group, rank), _counts in by_worker.items():  # every span lies inside one of its worker's group calls
+    for (group, rank), _counts in by_worker.items():  # every span but the time between calls lies inside a group call
         calls = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["cat"] == "call"
                  and tracks[f"{e['pid']}:{e['tid']}"]["group"] == group
                  and tracks[f"{e['pid']}:{e['tid']}"]["rank"] == rank]
         for e in spans:
             track = tracks[f"{e['pid']}:{e['tid']}"]
-            if (track["group"], track["rank"]) == (group, rank):
+            if (track["group"], track["rank"]) == (group, rank) and e["cat"] != "idle":
                 assert any(start - 1 <= e["ts"] and e["ts"] + e["dur"] <= end + 1 for start, end in calls), e
     summary = TraceSummary(trace)
     assert set(summary.devices) == {(0, "fake-accelerator 0"), (0, "fake-accelerator 1")}
     assert summary.devices[0, "fake-accelerator 0"]
-    assert set(summary.coverage()) == {
-        "trainer rank 0", "trainer rank 1", "rollout rank 0", "rollout rank 1"}
+    coverage = summary.coverage()  # calls, and the time between them, join: the spans cover all of it
+    assert set(coverage) == {"trainer rank 0", "trainer rank 1", "rollout rank 0", "rollout rank 1"}
+    assert all(share >= 0.999 for share in coverage.values()), coverage
+    assert by_worker["trainer", 0]["idle:between calls"] >= STEPS + 1  # after the constructor, attach and each step
     profile: dict[str, Any] = json.loads(profile_file.read_text())
     assert profile["components"]["trainer"]["stages"]["step"]["count"] == 2 * STEPS
     assert profile["components"]["trainer"]["processes"] == 2

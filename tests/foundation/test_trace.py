@@ -141,3 +141,28 @@ def test_starting_again_ends_the_previous_recorder(tmp_path: Path) -> None:
         pass
     trace.start(str(tmp_path / "b"), TRACK)
     assert len(spans(tmp_path / "a")) == 1
+
+
+def test_the_time_between_calls_is_an_idle_span_that_joins_them(tmp_path: Path) -> None:
+    trace.start(str(tmp_path), TRACK)
+    with trace.call_span("__init__"):
+        pass
+    with trace.call_span("step"):
+        done = threading.Event()
+
+        def concurrent() -> None:  # an async method's call, say: while it runs no time is between calls
+            with trace.call_span("poll"):
+                done.set()
+
+        thread = threading.Thread(target=concurrent)
+        thread.start()
+        thread.join()
+    with trace.call_span("step"):
+        pass
+    found = spans(tmp_path)
+    assert [(s["n"], s["c"]) for s in found] == [
+        ("__init__", "call"), ("between calls", "idle"), ("poll", "call"), ("step", "call"),
+        ("between calls", "idle"), ("step", "call")]
+    for before, idle, after in ((found[0], found[1], found[3]), (found[3], found[4], found[5])):
+        assert idle["ts"] == before["ts"] + before["d"]
+        assert idle["ts"] + idle["d"] == after["ts"]
