@@ -10,12 +10,14 @@ script also measures the recorder itself: the time of one span while tracing is 
 this process), times the spans a step records (counted in the trace), over the step time.
 
 Coverage, per worker, is the share of the training window (from the first ``trainer.step`` span's start to the
-last one's end) that the worker's spans cover; also shown for group calls alone. The trainer's gaps are the time
-between one step's result and the next step's call: the driver's loop, not the worker's.
+last one's end) that the worker's spans cover; also shown for group calls alone (without the ``between calls``
+spans): the trainer's gaps are the time between one step's result and the next step's call, the driver's loop.
 
-The stall run subclasses the example's trainer: rank 1 sleeps ``--stall`` seconds at the start of one step, and
-every ``torch.distributed.all_reduce`` is a ``wait`` span (the example does not mark its collectives; gloo's
-wait is otherwise inside the trainer's compute), so rank 0's wait for rank 1 should be the report's top wait.
+The stall run subclasses the example's trainer: in one step, rank 1 sleeps ``--stall`` seconds before its first
+``all_reduce`` (after taking its batch: a stall at the start of a step hides in the wait for experience), and
+every ``torch.distributed.all_reduce`` is a ``wait`` span (the example does not mark its collectives: gloo's
+wait is otherwise inside the trainer's compute), so rank 0's wait for rank 1 should be the top wait of the
+training window.
 
 Run: python benchmarks/trace_overhead.py [--steps 60] [--repeat 2] [--stall 0.2]
 """
@@ -44,7 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "rl-grpo"
 
 STALLED = '''\
-"""The GRPO example, with a trainer whose rank 1 stalls once and whose all_reduce calls are wait spans."""
+"""The GRPO example, with a trainer whose rank 1 stalls once before an all_reduce, and whose all_reduce calls are
+wait spans."""
 import time
 
 import torch.distributed as dist
@@ -55,8 +58,11 @@ from hwplace.foundation.trace import WAIT, span
 STALL_STEP, STALL_SECONDS = {step}, {seconds}
 
 
-def _waiting(collective):
+def _waiting(collective, trainer):
     def wrapper(*args, **kwargs):
+        if trainer.stall_now:  # rank 1 comes late to this step's first all_reduce
+            trainer.stall_now = False
+            time.sleep(STALL_SECONDS)
         with span(collective.__name__, WAIT):
             return collective(*args, **kwargs)
     return wrapper
@@ -65,11 +71,11 @@ def _waiting(collective):
 class StalledTrainer(grpo.Trainer):
     def __init__(self, settings):
         super().__init__(settings)
-        dist.all_reduce = _waiting(dist.all_reduce)  # in this worker's process only
+        self.stall_now = False
+        dist.all_reduce = _waiting(dist.all_reduce, self)  # in this worker's process only
 
     def step(self, experience, demos, step):
-        if self.rank == 1 and step == STALL_STEP:
-            time.sleep(STALL_SECONDS)
+        self.stall_now = self.rank == 1 and step == STALL_STEP
         return super().step(experience, demos, step)
 
 
@@ -129,11 +135,23 @@ def coverage(data: dict[str, Any]) -> dict[str, tuple[float, float]]:
             continue
         worker = f"{track['group']} rank {track['rank']}"
         spans.setdefault(worker, []).append((e["ts"], e["ts"] + e["dur"]))
-        if e["cat"] == trace.CALL:
+        if e["cat"] != trace.IDLE:
             calls.setdefault(worker, []).append((e["ts"], e["ts"] + e["dur"]))
     whole = length(window)
     return {worker: (overlap(union(found), window) / whole, overlap(union(calls.get(worker, [])), window) / whole)
             for worker, found in sorted(spans.items())}
+
+
+def window_waits(data: dict[str, Any]) -> list[tuple[float, str, str, Any]]:
+    """The waits inside the training window, longest first: (µs, worker, name, args)."""
+    tracks = data["otherData"]["hwplace"]["tracks"]
+    start, end = training_window(data)
+    waits = []
+    for e in data["traceEvents"]:
+        track = tracks.get(f"{e.get('pid')}:{e.get('tid')}")
+        if e.get("ph") == "X" and e["cat"] == trace.WAIT and track and start <= e["ts"] and e["ts"] + e["dur"] <= end:
+            waits.append((e["dur"], f"{track['group']} rank {track['rank']}", e["name"], e.get("args", "")))
+    return sorted(waits, key=lambda wait: -wait[0])
 
 
 def spans_per_step(data: dict[str, Any], steps: int) -> float:
@@ -148,6 +166,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--stall", type=float, default=0.2, help="seconds trainer rank 1 stalls in the stall run")
     parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--stall-config", default="grpo.yaml", help="the example's config of the stall run")
+    parser.add_argument("--skip-overhead", action="store_true", help="only the stall run")
+    parser.add_argument("--keep", metavar="FOLDER", help="copy the traces there")
     args = parser.parse_args()
     os.environ.pop(TRACE_DIR, None)  # the plain runs record nothing
     folder = Path(tempfile.mkdtemp(prefix="hwplace-trace-bench-"))
@@ -156,12 +177,15 @@ def main() -> None:
         plain: list[float] = []
         traced: list[float] = []
         last: dict[str, Any] = {}
-        for i in range(args.repeat):
+        for i in range(0 if args.skip_overhead else args.repeat):
             for on in ((False, True) if i % 2 == 0 else (True, False)):
                 result = run(config, args.steps, folder, f"run{i}-{'traced' if on else 'plain'}", on)
                 (traced if on else plain).append(result["training_seconds"] / result["steps"])
                 if on:
                     last = result["trace"]
+        if args.skip_overhead:
+            stall_run(args, folder)
+            return
         off_cost, on_cost = span_cost(False), span_cost(True)
         per_step = spans_per_step(last, args.steps)
         step = statistics.median(plain)
@@ -174,27 +198,43 @@ def main() -> None:
         print(f"  one span: {1e9 * off_cost:.0f} ns off, {1e9 * on_cost:.0f} ns on (recorded and written); "
               f"{per_step:.0f} spans per step in all workers -> {1e3 * per_step * on_cost:.3f} ms of recording "
               f"per step, {100 * per_step * on_cost / step:.2f}% of a step (all workers' recording summed)")
-        print("  coverage of the training window (spans; group calls alone):")
+        print("  coverage of the training window (all spans; without the time between calls):")
         for worker, (spans, calls) in coverage(last).items():
             print(f"    {worker:<16} {100 * spans:7.2f}%  {100 * calls:7.2f}%")
 
-        stalled = folder / "stalled"
-        stalled.mkdir()
-        for name in ("grpo.py", "policy.py", "report.py"):
-            shutil.copy(EXAMPLE / name, stalled / name)
-        stall_step = max(2, args.steps // 2)
-        (stalled / "stalled.py").write_text(STALLED.format(step=stall_step, seconds=args.stall))
-        raw = yaml.safe_load(config.read_text())
-        raw["job"]["entrypoint"] = "stalled.py:main"
-        (stalled / "grpo.yaml").write_text(yaml.safe_dump(raw))
-        result = run(stalled / "grpo.yaml", args.steps, folder, "stalled", True)
-        summary = TraceSummary(result["trace"])
-        print(f"stall run: trainer rank 1 sleeps {1e3 * args.stall:.0f} ms at the start of step {stall_step}; "
-              f"top {args.top} waits:")
-        for duration, _, key, name, wait_args in summary.waits[:args.top]:
-            print(f"    {duration / 1e3:8.1f} ms  {summary.worker(key):<16} {name:<12} {wait_args or ''}")
+        stall_run(args, folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def stall_run(args: argparse.Namespace, folder: Path) -> None:
+    """The GRPO example with a trainer rank that stalls once: where the stall shows among the waits."""
+    stalled = folder / "stalled"
+    stalled.mkdir()
+    for name in ("grpo.py", "policy.py", "report.py"):
+        shutil.copy(EXAMPLE / name, stalled / name)
+    stall_step = max(2, args.steps // 2)
+    (stalled / "stalled.py").write_text(STALLED.format(step=stall_step, seconds=args.stall))
+    raw = yaml.safe_load((EXAMPLE / args.stall_config).read_text())
+    raw["job"]["entrypoint"] = "stalled.py:main"
+    (stalled / "grpo.yaml").write_text(yaml.safe_dump(raw))
+    result = run(stalled / "grpo.yaml", args.steps, folder, "stalled", True)
+    summary = TraceSummary(result["trace"])
+    waits = window_waits(result["trace"])
+    stalled_wait = max((w for w in waits if w[1:3] == ("trainer rank 0", "all_reduce")), default=None)
+    print(f"stall run ({args.stall_config}): trainer rank 1 sleeps {1e3 * args.stall:.0f} ms before its first "
+          f"all_reduce of step {stall_step}; top {args.top} waits of the training window:")
+    for duration, worker, name, wait_args in waits[:args.top]:
+        print(f"    {duration / 1e3:8.1f} ms  {worker:<16} {name:<14} {wait_args}")
+    if stalled_wait is not None:
+        print(f"  trainer rank 0's longest all_reduce wait: {stalled_wait[0] / 1e3:.1f} ms, number "
+              f"{waits.index(stalled_wait) + 1} of {len(waits)} waits in the window")
+    print("  and of the whole trace (hwplace report):")
+    for duration, _, key, name, wait_args in summary.waits[:args.top]:
+        print(f"    {duration / 1e3:8.1f} ms  {summary.worker(key):<16} {name:<14} {wait_args or ''}")
+    if args.keep:
+        for path in folder.glob("*.trace.json"):
+            shutil.copy(path, Path(args.keep) / path.name)
 
 
 if __name__ == "__main__":
