@@ -49,7 +49,7 @@ def stalled_job(folder: Path, stalled_rank: int = 1, steps: int = 6) -> dict[str
                       ("get_batch", "wait", start + 1, start + 1 + wait, {"channel": "experience"}),
                       ("turn", "turn", start + 1 + wait, start + 99 + wait)]
         write_worker(folder, "trainer", rank, spans, devices=[f"fake-accelerator {2 + rank}"])
-        generate = [("generate", "call", 0.0, steps * 400.0)]
+        generate: list[Span] = [("generate", "call", 0.0, steps * 400.0)]
         generate += [("get", "wait", step * 400.0 + 300, step * 400.0 + 320, {"channel": "prompts"})
                      for step in range(steps)]
         write_worker(folder, "rollout", rank, generate, devices=[f"fake-accelerator {rank}"])

@@ -34,10 +34,10 @@ def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResourc
     for event in trace["traceEvents"]:
         if event.get("ph") != "X" or event.get("cat") in (WAIT, IDLE):
             continue
-        track = tracks.get(f"{event['pid']}:{event['tid']}")
-        if track is None:
+        owner = tracks.get(f"{event['pid']}:{event['tid']}")
+        if owner is None:
             continue
-        group = track["group"]
+        group = owner["group"]
         durations[group][event["name"]].append(event["dur"] / 1e6)
         args = event.get("args") or {}
         phase, amount = (OFFLOADED, args.get("memory_bytes")) if event["name"] == "offload" else \

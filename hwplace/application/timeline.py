@@ -120,15 +120,16 @@ def load_trace(path: str) -> dict[str, Any]:
     """A trace ``hwplace run --trace`` wrote; a :class:`~hwplace.ConfigError` naming the file when it is not one."""
     try:
         with open(path, encoding="utf-8") as file:
-            data = json.load(file)
+            data: Any = json.load(file)
     except OSError as exc:
         raise ConfigError("FILE", f"cannot be read ({exc.strerror or exc})", value=path,
                           allowed="a trace written by hwplace run --trace FILE") from None
     except ValueError as exc:
         raise ConfigError("FILE", f"is not JSON ({exc})", value=path,
                           allowed="a trace written by hwplace run --trace FILE") from None
-    hwplace_data = data.get("otherData", {}).get("hwplace", {}) if isinstance(data, dict) else {}
-    if not isinstance(hwplace_data, dict) or hwplace_data.get("format") != FORMAT:
+    other = data.get("otherData") if isinstance(data, dict) else None
+    ours = other.get("hwplace") if isinstance(other, dict) else None
+    if not isinstance(ours, dict) or ours.get("format") != FORMAT or not isinstance(data.get("traceEvents"), list):
         raise ConfigError("FILE", "is not a trace hwplace wrote (no otherData.hwplace of format "
                           f"{FORMAT!r})", value=path, allowed="a trace written by hwplace run --trace FILE")
-    return data
+    return data  # type: ignore[no-any-return]
