@@ -99,7 +99,7 @@ class Turns:
                 return
             self._entering = True
         try:
-            with span("turn.wait", WAIT, units=_units(self._units)):
+            with span("turn.wait", WAIT, units=self._units):  # formatted only when written
                 onload = self._acquire(timeout)
         finally:
             with self._changed:
