@@ -1,12 +1,14 @@
 """``hwplace report FILE``: what a trace of ``hwplace run --trace`` says (SPEC §13).
 
-Each device's idle share per stage, and the longest waits. A worker computes while it is inside a group call
-(a ``call`` span) and not waiting in it (a ``wait`` span: a channel, a turn, a weight version); a device is busy
-while any worker holding it computes. A stage is a group call of a component (``trainer.step``), its time the
-union of that call's spans over the component's ranks; a device's idle share in a stage is the part of the
-stage's time the device is not busy. ``whole run`` is the time from the first group call after the constructors
-(``__init__``, which are in the trace but no stage) to the last span. Imports the
-layers below.
+Each device's idle share per stage, each worker's time in and between calls, the waits by worker and kind (where the
+time goes: a bubble that recurs), and the longest waits (where a rank stalled).
+
+A worker computes while it is inside a group call (a ``call`` span) and not waiting in it (a ``wait`` span: a
+channel, a turn, a weight version); a device is busy while any worker holding it computes. A stage is a group call
+of a component (``trainer.step``), its time the union of that call's spans over the component's ranks; a device's
+idle share in a stage is the part of the stage's time the device is not busy. ``whole run`` is the time from the
+first group call after the constructors (``__init__``, which are in the trace but no stage) to the last span.
+Imports the layers below.
 """
 
 from __future__ import annotations
@@ -110,6 +112,20 @@ class TraceSummary:
                 holders[track["node"], device].append(key)
         self.devices = dict(sorted(holders.items()))
 
+    def wait_totals(self) -> list[tuple[str, str, float, int, float]]:
+        """Per worker and kind of wait (its name, and its channel when it has one): (worker, kind, total µs, count,
+        longest µs), the largest total first."""
+        totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0, 0.0])
+        for duration, _, key, name, args in self.waits:
+            kind = f"{name} {args['channel']!r}" if isinstance(args.get("channel"), str) else name
+            entry = totals[self.worker(key), kind]
+            entry[0] += duration
+            entry[1] += 1
+            entry[2] = max(entry[2], duration)
+        rows = [(worker, kind, total, int(count), longest)
+                for (worker, kind), (total, count, longest) in totals.items()]
+        return sorted(rows, key=lambda row: (-row[2], row[0], row[1]))
+
     def worker(self, key: str) -> str:
         track = self.tracks[key]
         thread = "" if track.get("main", True) else f" ({track.get('thread')})"
@@ -183,6 +199,11 @@ def print_report(trace: Mapping[str, Any], out: TextIO, top: int = 10, node_type
     for worker, shares in summary.workers().items():
         out.write(f"  {worker:<24} in calls {100 * shares['in calls']:5.1f}% (waiting {100 * shares['waiting']:5.1f}%)"
                   f"  between calls {100 * shares['between calls']:5.1f}%  covered {100 * shares['covered']:5.1f}%\n")
+    if summary.waits:
+        out.write(f"\nwaits by worker and kind, the largest totals (top {top})\n")
+        for worker, kind, total, count, longest in summary.wait_totals()[:top]:
+            out.write(f"  {worker:<24} {kind:<36} {total / 1e6:8.3f} s in {count:>6}, "
+                      f"longest {longest / 1e3:8.1f} ms\n")
     out.write(f"\nlongest waits (top {top})\n" if summary.waits else "\nno waits recorded\n")
     for duration, start, key, name, args in summary.waits[:top]:
         detail = ", ".join(f"{k} {v!r}" if isinstance(v, str) else f"{k} {v}" for k, v in args.items())

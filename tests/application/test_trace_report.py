@@ -37,6 +37,10 @@ def test_an_injected_200_ms_stall_in_one_rank_is_the_top_wait(tmp_path: Path) ->
     assert len(waits) == 3
     assert all("200.0 ms" not in line for line in waits[1:])
     assert summary.waits[0][0] == pytest.approx(200_000)
+    totals = summary.wait_totals()
+    assert totals[0][:2] == ("trainer rank 1", "get_batch 'experience'")  # the stall, and its rank's others
+    assert [row[3] for row in totals] == [6, 6, 6, 6]
+    assert totals[0][4] == pytest.approx(200_000)
 
 
 def test_idle_share_per_stage_by_hand(tmp_path: Path) -> None:
