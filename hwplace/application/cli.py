@@ -135,7 +135,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             raise ConfigError("--nodes", "a simulated cluster has fake accelerators only", value=args.nodes,
                               allowed="4x8 or 8,8,4 without a :type; plan other types with hwplace plan --nodes")
     try:
-        with _worker_output(args.worker_output), recording(args.trace, args.profile, config.resources):
+        with _worker_output(args.worker_output), recording(args.trace, args.profile, config):
             result = run_job(config, accelerators_per_node=counts, out=out,
                              base=os.path.dirname(os.path.abspath(args.config)), job_name=_stem(args.config))
     except ConfigError as exc:  # the simulated cluster's shape is the option's mistake: name the option

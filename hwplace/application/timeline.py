@@ -15,24 +15,24 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hwplace.application.profiling import build_profile
-from hwplace.config.resources import ComponentResources
+from hwplace.config.job_config import JobConfig
 from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.settings import TRACE_DIR
+from hwplace.plugin.session import get_plugin_manager
 
 FORMAT = "hwplace-trace/1"
 
 
 @contextlib.contextmanager
-def recording(trace_file: str | None, profile_file: str | None,
-              resources: Sequence[ComponentResources] = ()) -> Iterator[None]:
+def recording(trace_file: str | None, profile_file: str | None, config: JobConfig | None = None) -> Iterator[None]:
     """For the block, workers launched from this process record spans; after it (also when it raises: the trace
-    of a failed run is the one worth reading) the trace goes to ``trace_file`` and the profile to ``profile_file``.
-    Nothing when both are ``None``."""
+    of a failed run is the one worth reading) the trace goes to ``trace_file`` and the profile to ``profile_file``
+    (with the placements and declared memory of ``config``). Nothing when both are ``None``."""
     if trace_file is None and profile_file is None:
         yield
         return
@@ -55,7 +55,10 @@ def recording(trace_file: str | None, profile_file: str | None,
             if trace_file is not None:
                 write_json(trace, trace_file)
             if profile_file is not None:
-                write_json(build_profile(trace, resources), profile_file)
+                placements = {name: spec.placement for name, spec in config.cluster.components.items()} \
+                    if config is not None else {}
+                write_json(build_profile(trace, config.resources if config is not None else (), placements,
+                                         get_plugin_manager().node_backend().name), profile_file)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -142,15 +142,21 @@ def span(name: str, category: str = CALL, **args: Any) -> contextlib.AbstractCon
     return _Span(recorder, name, category, args)
 
 
-def traced(name: str, category: str) -> Callable[[F], F]:
-    """A decorator: every call of the function is a span ``name`` of ``category``."""
+def traced(name: str, category: str, notes: Callable[..., Mapping[str, Any]] | None = None) -> Callable[[F], F]:
+    """A decorator: every call of the function is a span ``name`` of ``category``. ``notes``, called with the
+    function's arguments once it returned (only while tracing), gives the span's arguments; what it raises is
+    left out."""
     def decorate(function: F) -> F:
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if _active is None:
                 return function(*args, **kwargs)
-            with _Span(_active, name, category, {}):
-                return function(*args, **kwargs)
+            with _Span(_active, name, category, {}) as recorded:
+                result = function(*args, **kwargs)
+                if notes is not None:
+                    with contextlib.suppress(Exception):  # a note is never worth failing the call over
+                        recorded.args.update(notes(*args, **kwargs))
+                return result
         return wrapper  # type: ignore[return-value]
     return decorate
 

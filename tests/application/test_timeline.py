@@ -131,7 +131,7 @@ def test_recording_gives_workers_a_folder_and_writes_the_files_even_when_the_run
     assert os.environ.get(TRACE_DIR) == before
     assert not folder.exists()
     assert [e["name"] for e in json.loads(trace_file.read_text())["traceEvents"] if e["ph"] == "X"] == ["step"]
-    assert json.loads(profile_file.read_text())["components"]["trainer"]["stages"]["step"]["count"] == 1
+    assert list(json.loads(profile_file.read_text())["components"]["trainer"]["points"][0]["stages"]) == ["step"]
     with recording(None, None):
         assert os.environ.get(TRACE_DIR) == before
     with pytest.raises(ConfigError, match="--profile: names a file in a folder that does not exist"), \
@@ -189,6 +189,12 @@ def test_a_traced_run_has_a_span_for_every_call_wait_turn_and_weight_version(tmp
     assert all(share >= 0.999 for share in coverage.values()), coverage
     assert by_worker["trainer", 0]["idle:between calls"] >= STEPS + 1  # after the constructor, attach and each step
     profile: dict[str, Any] = json.loads(profile_file.read_text())
-    assert profile["components"]["trainer"]["stages"]["step"]["count"] == 2 * STEPS
-    assert profile["components"]["trainer"]["processes"] == 2
-    assert profile["components"]["rollout"]["memory"] == {"generate": 2 << 30, "offloaded": 1 << 30}
+    assert profile["weight_sync"] == {"policy": {"bytes": 16}}  # four float32
+    (trainer_point,) = profile["components"]["trainer"]["points"]
+    (rollout_point,) = profile["components"]["rollout"]["points"]
+    assert [trainer_point[key] for key in ("processes", "devices_per_process", "placement")] == [2, 1, "0-1"]
+    assert list(trainer_point["stages"]) == ["step"]  # not attach nor hook_calls: called once
+    assert list(rollout_point["stages"]) == ["generate"]  # called once, but it runs through the run
+    assert rollout_point["memory"] == {"generate": 2 << 30, "offloaded": 1 << 30}  # declared: fakes report none
+    for point, group in ((trainer_point, "trainer"), (rollout_point, "rollout")):
+        assert ("offload" in point) == any(hooks[group][rank]["offload"] for rank in (0, 1))

@@ -54,6 +54,11 @@ def _states() -> dict[str, _State]:
 _STATES_LOCK = threading.Lock()
 
 
+def state_bytes(state_dict: Mapping[str, Any]) -> int:
+    """The bytes of a state dict's tensors and arrays (what a publish span notes, for profiles)."""
+    return sum(int(getattr(value, "nbytes", 0)) for value in state_dict.values())
+
+
 class WeightSync:
     """Weights from rank ``source_rank`` of group ``source`` to every rank of the ``targets`` groups.
 
@@ -113,7 +118,7 @@ class WeightSync:
     def _key(self, target: SyncTarget) -> str:
         return f"wsync/{self._uid}/{target.group}/{target.rank}"
 
-    @traced("weights.publish", SYNC)
+    @traced("weights.publish", SYNC, lambda sync, state_dict: {"sync": sync.name, "bytes": state_bytes(state_dict)})
     def publish(self, state_dict: Mapping[str, Any]) -> int:
         """Send ``state_dict`` (names to torch tensors or numpy arrays) to every target; returns its version."""
         context = session().worker_context("WeightSync.publish")
@@ -200,7 +205,7 @@ class WeightSync:
         raise WeightSyncError(f"weight sync {self.name!r}: {what} runs on a rank of its targets ({groups}), not on "
                               f"group {context.group!r} rank {context.rank}")
 
-    @traced("weights.latest", WAIT)
+    @traced("weights.latest", WAIT, lambda sync, *_, **__: {"sync": sync.name})
     def latest(self, min_version: int = 0, timeout: float | None = None) -> Weights:
         """The newest version that arrived intact, waiting (up to ``timeout`` s) for one at least ``min_version``.
 
@@ -224,7 +229,7 @@ class WeightSync:
                                       SameDevice(visible), SameNode(self._uid))
             return state.intake
 
-    @traced("weights.load_into", SYNC)
+    @traced("weights.load_into", SYNC, lambda sync, *_, **__: {"sync": sync.name})
     def load_into(self, module: Any, min_version: int = 0, timeout: float | None = None) -> int:
         """Load the latest weights into a torch module (``load_state_dict``); returns their version. A version on
         this GPU (``same-device``) is copied from the source's slot straight into the module's parameters."""
