@@ -106,6 +106,19 @@ def test_traced_functions_are_spans_and_their_exceptions_pass_through(tmp_path: 
     assert publish.__name__ == "publish"
 
 
+def test_a_traced_function_notes_its_arguments_once_it_returned_and_a_failing_note_is_left_out(
+        tmp_path: Path) -> None:
+    @trace.traced("weights.publish", trace.SYNC, lambda state, strict=True: {"bytes": len(state) // int(strict)})
+    def publish(state: bytes, strict: bool = True) -> int:
+        return 7
+
+    trace.start(str(tmp_path), TRACK)
+    assert publish(b"abcd") == 7
+    assert publish(b"abcd", strict=False) == 7  # the note divides by zero: the span has no arguments
+    trace.stop()
+    assert [s.get("a") for s in spans(tmp_path)] == [{"bytes": 4}, None]
+
+
 def test_a_full_buffer_is_written_without_waiting_for_the_call(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trace, "FLUSH_AT", 4)
