@@ -23,6 +23,7 @@ from hwplace.foundation.wording import plural
 Intervals = list[tuple[float, float]]
 WHOLE_RUN = "whole run"
 CONSTRUCTOR = "__init__"
+SHORT_STAGE = 0.01  # the report leaves out stages shorter than this share of the whole run
 
 
 def union(intervals: Iterable[tuple[float, float]]) -> Intervals:
@@ -191,6 +192,8 @@ def print_report(trace: Mapping[str, Any], out: TextIO, top: int = 10, node_type
             holders = ", ".join(sorted({summary.worker(k).split(" (")[0] for k in summary.devices[device]}))
             out.write(f"  node {device[0]} {device[1]}  ({holders})\n")
             for stage, (span, idle) in summary.idle_shares(device).items():
+                if span < SHORT_STAGE * length(summary.window):  # a one-off call (attach, report): noise here
+                    continue
                 out.write(f"    {stage:<{width}}  {span / 1e6:9.3f} s  idle {100 * idle:5.1f}%\n")
     else:
         out.write("\nno worker holds an accelerator or device: no idle shares\n")

@@ -91,3 +91,13 @@ def test_the_command_reads_the_file_and_names_what_is_wrong_with_it(tmp_path: Pa
     err = io.StringIO()
     assert main(["report", str(trace_file), "--top", "0"], io.StringIO(), err) == 2
     assert "--top: must be at least 1" in err.getvalue()
+
+
+def test_the_report_leaves_out_stages_shorter_than_a_hundredth_of_the_run(tmp_path: Path) -> None:
+    write_worker(tmp_path, "trainer", 0, [("attach", "call", 0, 1), ("step", "call", 1, 200)],
+                 devices=["fake-accelerator 0"])
+    out = io.StringIO()
+    summary = print_report(merge(tmp_path), out)
+    assert "trainer.attach" in summary.stages
+    assert "trainer.step" in out.getvalue()
+    assert "trainer.attach" not in out.getvalue()
