@@ -1,5 +1,5 @@
 """The ``hwplace`` command: ``plan`` a config without launching anything, ``run`` a job, list ``hardware``, show
-the ``status`` of a running cluster.
+the ``status`` of a running cluster, sum up a run's trace (``report``).
 
 Each command parses its config once into a :class:`~hwplace.JobConfig` and hands that record on. Imports the
 layers below and the other modules of :mod:`hwplace.application`.
@@ -9,39 +9,38 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 from hwplace.application.forecast import prediction_json, print_prediction, print_search, search_json
+from hwplace.application.hardware import hardware_command
 from hwplace.application.job import run_job
 from hwplace.application.notes import print_notes
-from hwplace.application.report import plan_json, print_plan, print_sync_plans, sync_plans, sync_plans_json, table
+from hwplace.application.report import plan_json, print_plan, print_sync_plans, sync_plans, sync_plans_json
 from hwplace.application.status import print_status
 from hwplace.application.summary import result_line, summary_data
+from hwplace.application.timeline import load_trace, recording
+from hwplace.application.trace_report import print_report
 from hwplace.config.job_config import parse_job_config
 from hwplace.config.loading import apply_overrides, load_config
 from hwplace.config.records import ClusterConfig
 from hwplace.contracts.capabilities import Leases, require
-from hwplace.contracts.hardware import Device
 from hwplace.foundation.errors import ConfigError, HwplaceError, PlacementError, PluginError
-from hwplace.foundation.settings import FAKE_ACCELERATOR, NODE_RANK, QUIET_WORKERS, read_node_rank
+from hwplace.foundation.settings import FAKE_ACCELERATOR, QUIET_WORKERS
 from hwplace.foundation.version import __version__
-from hwplace.foundation.wording import ranks_text, safe_repr
+from hwplace.foundation.wording import safe_repr
 from hwplace.inventory.cluster import Cluster
-from hwplace.inventory.detection import detect_node_hardware
 from hwplace.inventory.offline import fake_cluster, parse_nodes
 from hwplace.planning.component import ComponentPlacement
 from hwplace.planning.cost import predict
 from hwplace.planning.layouts import SearchResult
 from hwplace.planning.profile import NotMeasured, load_profile
 from hwplace.planning.search import search_placements
-from hwplace.plugin.manager import PluginManager
 from hwplace.plugin.session import get_plugin_manager
 
 EXIT_ERROR = 2
@@ -167,7 +166,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             raise ConfigError("--nodes", "a simulated cluster has fake accelerators only", value=args.nodes,
                               allowed="4x8 or 8,8,4 without a :type; plan other types with hwplace plan --nodes")
     try:
-        with _worker_output(args.worker_output):
+        with _worker_output(args.worker_output), recording(args.trace, args.profile, config):
             result = run_job(config, accelerators_per_node=counts, out=out,
                              base=os.path.dirname(os.path.abspath(args.config)), job_name=_stem(args.config))
     except ConfigError as exc:  # the simulated cluster's shape is the option's mistake: name the option
@@ -183,6 +182,16 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             json.dump(data, file, indent=2, allow_nan=False)
             file.write("\n")
         out.write(f"summary: {args.summary}\n")
+    for option, path in (("trace", args.trace), ("profile", args.profile)):
+        if path is not None:
+            out.write(f"{option}: {path}\n")
+    return 0
+
+
+def _report(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.top < 1:
+        raise ConfigError("--top", "must be at least 1", value=args.top)
+    print_report(load_trace(args.trace), out, top=args.top, node_type=get_plugin_manager().node_backend().name)
     return 0
 
 
@@ -206,95 +215,9 @@ def _stem(path: str) -> str:
     return os.path.splitext(os.path.basename(path))[0] or path
 
 
-def _node_rank(args: argparse.Namespace, num_nodes: int) -> int:
-    raw = args.node_rank if args.node_rank is not None else (read_node_rank() or "0")
-    where = "--node-rank" if args.node_rank is not None else NODE_RANK
-    if not (str(raw).isascii() and str(raw).isdigit() and len(str(raw)) <= 7 and int(raw) < num_nodes):
-        raise ConfigError(where, f"{str(raw)[:20]!r} is not a node rank of this config",
-                          allowed=f"0 to {num_nodes - 1} (cluster.num_nodes is {num_nodes})")
-    return int(raw)
-
-
 STATUS_ADDRESSES = ("the address of a running cluster's head, host:port (`ray start --head` prints it), in "
                     "--address or RAY_ADDRESS; without either, status asks the cluster `ray start` made on this "
                     "machine. hwplace status never starts a cluster")
-
-IDENTITY_KEYS = ("uuid", "physical_id", "port", "url", "name", "hostname")
-"""Device properties that say which device it is, shown first by ``hwplace hardware``."""
-
-
-def _device_row(device: Device) -> list[str]:
-    identity = [f"{k}={device.properties[k]}" for k in IDENTITY_KEYS if k in device.properties]
-    details = [f"{k}={v}" for k, v in device.properties.items() if k not in IDENTITY_KEYS]
-    health = "healthy" if device.healthy else f"UNHEALTHY: {device.reason}"
-    return [str(device.index), device.model, health, " ".join(identity) or "-", " ".join(details)]
-
-
-def _why_none(manager: PluginManager, name: str, declared: Mapping[str, Any], args: argparse.Namespace,
-              node_rank: int) -> str | None:
-    """The reason a backend gave for finding nothing here (``NoDevices``), from the cached detection."""
-    if manager.backends()[name].kind == "device" and name not in declared:
-        if args.config is not None:
-            return f"{args.config} declares no {name} devices for node {node_rank} (hardware.configs)"
-        return "its devices are declared in a config's hardware.configs: add --config job.yaml"
-    return manager.detect(name, declared.get(name, ())).absent
-
-
-def _hardware(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    manager = get_plugin_manager()
-    declared: dict[str, list[Mapping[str, Any]]] = {}
-    elsewhere: list[int] = []
-    node_rank = 0
-    if args.config is not None:
-        config = parse_job_config(args.config, plugin_manager=manager).cluster
-        node_rank = _node_rank(args, config.num_nodes)
-        declared = config.declared_configs(node_rank)
-        elsewhere = [r for r in range(config.num_nodes) if r != node_rank and config.declared_configs(r)]
-    elif args.node_rank is not None:
-        raise ConfigError("--node-rank", "needs --config: it picks which node's declared devices to detect")
-    found, problems = detect_node_hardware(declared, manager=manager)
-    backends = manager.backends()
-    executors = manager.executors()
-    absent = {name: why for name in backends if not found.get(name) and name not in problems
-              and (why := _why_none(manager, name, declared, args, node_rank))}
-    notes = []
-    if args.config is not None:
-        notes.append(f"devices {args.config} declares for node {node_rank} were detected here"
-                     if declared else f"{args.config} declares no devices for node {node_rank}")
-        if elsewhere:
-            notes.append(f"it also declares devices for {ranks_text(elsewhere)}: run this there with --node-rank "
-                         "(or HWPLACE_NODE_RANK) to check them")
-    if args.json:
-        json.dump({
-            "node_rank": node_rank,
-            "backends": [{"name": b.name, "kind": b.kind, "plugin": b.plugin, "distribution": b.distribution,
-                          "devices": [dataclasses.asdict(d) for d in found.get(b.name, ())],
-                          "problem": problems.get(b.name), "why_none": absent.get(b.name)}
-                         for b in sorted(backends.values(), key=lambda b: b.name)],
-            "executors": [{"name": name, "plugin": e.plugin, "distribution": e.distribution}
-                          for name, e in executors.items()],
-            "problems": [f"{what}: {why}" for what, why in problems.items()],
-            "notes": notes,
-        }, out, indent=2, default=safe_repr)
-        out.write("\n")
-        return 0
-    rows = [["backend", "kind", "plugin", "distribution", "devices here"]]
-    rows += [[b.name, b.kind, b.plugin, b.distribution,
-              f"0: {absent[b.name]}" if b.name in absent else str(len(found.get(b.name, ())))]
-             for b in sorted(backends.values(), key=lambda b: b.name)]
-    table(rows, out)
-    out.write("\n")
-    table([["executor", "plugin", "distribution"]]
-           + [[name, e.plugin, e.distribution] for name, e in executors.items()], out)
-    for name, devices in found.items():
-        out.write(f"\n{name}:\n")
-        table([["index", "model", "health", "identity", "details"]] + [_device_row(d) for d in devices], out)
-    for note in notes:
-        out.write(f"\nnote: {note}\n")
-    for what, why in problems.items():
-        err.write(f"hwplace: warning: {what}: {why}\n")
-    return 0
-
 
 def _status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     manager = get_plugin_manager()
@@ -345,13 +268,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--summary", metavar="FILE", help="write what the job's entry point returns to FILE, as JSON")
     run.add_argument("--worker-output", action="store_true", help="show the workers' output and the executor's "
                      "log lines (Ray's) here; by default they stay in the executor's logs, which the run names")
+    run.add_argument("--trace", metavar="FILE", help="write the run's timeline to FILE: a Chrome / Perfetto trace "
+                     "with a track per worker (open it in ui.perfetto.dev; hwplace report FILE sums it up)")
+    run.add_argument("--profile", metavar="FILE", help="write each component's stage durations and peak memory per "
+                     "phase to FILE, as JSON (what plan --search reads)")
     run.set_defaults(run=_run)
+    report = commands.add_parser("report", help="sum up a trace of hwplace run --trace: each device's idle share "
+                                 "per stage and the longest waits")
+    report.add_argument("trace", metavar="FILE", help="a trace written by hwplace run --trace FILE")
+    report.add_argument("--top", type=int, default=10, help="how many of the longest waits to list (default: 10)")
+    report.set_defaults(run=_report)
     hardware = commands.add_parser("hardware", help="list the registered backends and what they detect here")
     hardware.add_argument("--config", help="also detect the devices this config declares for this node")
     hardware.add_argument("--node-rank", help="which node of the config this machine is (default: "
                           "$HWPLACE_NODE_RANK, else 0)")
     hardware.add_argument("--json", action="store_true", help="print as JSON")
-    hardware.set_defaults(run=_hardware)
+    hardware.set_defaults(run=hardware_command)
     status = commands.add_parser("status", help="list the jobs, groups, device leases and channels on a running "
                                  "cluster", description="Connect to a running Ray cluster (never start one) and list "
                                  "what hwplace jobs run there: jobs, groups, device leases and channels.")

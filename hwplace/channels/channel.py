@@ -28,6 +28,7 @@ from hwplace.foundation.errors import (
     ConfigError,
     HwplaceError,
 )
+from hwplace.foundation.trace import WAIT, span
 from hwplace.foundation.wording import safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.plugin.session import session
@@ -207,7 +208,8 @@ class Channel:
         if async_op:
             return ChannelHandle(reply, finish, connection, op, queue, where)
         try:
-            outcome = reply.result()
+            with span(what, WAIT, channel=self.name, queue=queue_name):
+                outcome = reply.result()
         except BaseException as exc:  # a signal handler's exception, a KeyboardInterrupt: the caller stops waiting
             if reply.failed_with(exc) or op not in (wire.PUT, wire.GET, wire.GET_BATCH):
                 raise

@@ -22,6 +22,7 @@ from hwplace.channels.arguments import timeout_of
 from hwplace.channels.queues import Status
 from hwplace.contracts.executor import Pending
 from hwplace.foundation.errors import ChannelLost, HwplaceError
+from hwplace.foundation.trace import WAIT, span
 
 WITHDRAW_TIMEOUT = 10.0
 """Seconds an interrupted caller waits for the host to say whether its request was withdrawn."""
@@ -91,6 +92,7 @@ class ChannelHandle(Pending):
         self._finish = finish
         self._connection = connection
         self._withdraw = (op, queue, where) if op in _GETS else None
+        self._traced = (_NAMES.get(op, "wait"), where)  # the span of a wait on it: the operation and its queue
         if self._withdraw is not None:
             _start_withdrawer()
         self._lock = threading.Lock()
@@ -113,7 +115,8 @@ class ChannelHandle(Pending):
         timeout = timeout_of(timeout)  # a negative or NaN timeout would wait forever, or raise a bare ValueError
         self._flush()
         try:
-            self._reply.result(timeout)
+            with span(self._traced[0], WAIT, on=self._traced[1]):
+                self._reply.result(timeout)
         except TimeoutError:
             if not self._reply.done():
                 raise TimeoutError(f"the channel operation is still pending after {timeout:g} s; "

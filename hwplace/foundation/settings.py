@@ -62,6 +62,10 @@ QUIET_WORKERS = "HWPLACE_QUIET_WORKERS"
 terminal: they stay in the executor's logs, which the executor names once. ``hwplace run`` sets it unless
 given ``--worker-output``; default off (a script sees its workers' prints)."""
 
+TRACE_DIR = "HWPLACE_TRACE_DIR"
+"""A folder: every worker a driver with this variable launches records its spans there, one file per process
+(``hwplace run --trace FILE`` sets it and merges the files into FILE); default unset, nothing recorded."""
+
 DEFAULT_DETECT_TIMEOUT = 10.0
 MAX_DETECT_TIMEOUT = 3600.0
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -103,6 +107,17 @@ def read_fake_accelerator_memory() -> int:
     raw = os.environ.get(FAKE_ACCELERATOR_MEMORY, "").strip() or DEFAULT_FAKE_ACCELERATOR_MEMORY
     return parse_size(int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 20 else raw,
                       FAKE_ACCELERATOR_MEMORY)
+
+
+def read_trace_dir() -> str | None:
+    """``HWPLACE_TRACE_DIR``, the folder workers record their spans in; ``None`` when unset or empty."""
+    return os.environ.get(TRACE_DIR, "").strip() or None
+
+
+def trace_env() -> dict[str, str]:
+    """What a worker's environment takes of the driver's to record spans: ``HWPLACE_TRACE_DIR`` when set."""
+    folder = read_trace_dir()
+    return {TRACE_DIR: folder} if folder else {}
 
 
 def read_node_rank() -> str | None:

@@ -17,6 +17,7 @@ from hwplace.contracts.executor import GroupRequest, GroupRuntime, Handle, Worke
 from hwplace.contracts.records import Placement
 from hwplace.contracts.registry import IDENTITY_PROPERTIES, DeviceLease, GroupRecord, WorkerRecord
 from hwplace.foundation.errors import ConfigError, PlacementError, WorkerError
+from hwplace.foundation.settings import trace_env
 from hwplace.foundation.wording import did_you_mean, plural, safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.sharing import shared_accelerators
@@ -63,7 +64,8 @@ def worker_specs(
         group = (groups or {}).get(placement.node_group) or cluster.config.group(placement.node_group)
         process_env = group.env_vars(placement.node_rank)
         python = group.python_interpreter_path(placement.node_rank)
-        env = {**process_env, **placement.env, **torch_env(placement, len(placements), master_addr, master_port)}
+        env = {**process_env, **placement.env, **torch_env(placement, len(placements), master_addr, master_port),
+               **trace_env()}
         specs.append(WorkerSpec(placement, cluster.nodes[placement.node_rank], env, process_env, python))
     return specs
 

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwplace.contracts.records import RestartInfo, WorkerContext
+from hwplace.foundation import trace
 from hwplace.foundation.errors import WorkerError
-from hwplace.foundation.settings import read_log_level
+from hwplace.foundation.settings import read_log_level, read_trace_dir
 from hwplace.plugin.session import session
 from hwplace.runtime.worker import Worker
 
@@ -88,18 +89,32 @@ def start_worker(
         here.set_executor(context.executor)
     try:
         _configure_logging()
+        _start_tracing(context)
         cls = load_class()
         if not (isinstance(cls, type) and issubclass(cls, Worker)):
             raise TypeError(f"{cls!r} is not a subclass of hwplace.Worker")
         worker = cls.__new__(cls)
         worker._hwplace_context = context
-        worker.__init__(*args, **kwargs)  # type: ignore[misc]
+        with trace.call_span("__init__"):
+            worker.__init__(*args, **kwargs)  # type: ignore[misc]
         on_restart = getattr(worker, "on_restart", None)
         if context.attempt and callable(on_restart):
-            on_restart(RestartInfo(context.rank, context.attempt, context.cause))
+            with trace.call_span("on_restart"):
+                on_restart(RestartInfo(context.rank, context.attempt, context.cause))
     except BaseException as exc:  # a constructor calling sys.exit must not take the process down unreported
         return RemoteFailure.capture(exc)
     return worker
+
+
+def _start_tracing(context: WorkerContext) -> None:
+    """Record this worker's spans when its driver traces (``HWPLACE_TRACE_DIR``): a track per worker, named after
+    its group and rank, on its node, holding its devices."""
+    folder = read_trace_dir()
+    if folder is not None:
+        placement = context.placement
+        trace.start(folder, {"group": context.group, "rank": context.rank, "node": placement.node_rank,
+                             "devices": [f"{placement.hardware_type} {index}"
+                                         for index in placement.local_hardware_ranks]})
 
 
 def _configure_logging() -> None:
@@ -124,10 +139,11 @@ def find_method(worker: Worker, method: str) -> Callable[..., Any]:
 
 def run_method(worker: Worker, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
     """Run a plain method; what it raises comes back as a :class:`RemoteFailure`."""
-    try:
-        return find_method(worker, method)(*args, **kwargs)
-    except BaseException as exc:
-        return RemoteFailure.capture(exc)
+    with trace.call_span(method):
+        try:
+            return find_method(worker, method)(*args, **kwargs)
+        except BaseException as exc:
+            return RemoteFailure.capture(exc)
 
 
 async def run_method_async(worker: Worker, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
@@ -135,12 +151,13 @@ async def run_method_async(worker: Worker, method: str, args: tuple[Any, ...], k
 
     A cancelled call (``Handle.cancel()``) stays cancelled: its ``CancelledError`` goes on to the executor.
     """
-    try:
-        return await find_method(worker, method)(*args, **kwargs)
-    except asyncio.CancelledError:
-        raise
-    except BaseException as exc:
-        return RemoteFailure.capture(exc)
+    with trace.call_span(method):
+        try:
+            return await find_method(worker, method)(*args, **kwargs)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            return RemoteFailure.capture(exc)
 
 
 def unpicklable_arguments(what: str, group: str, ranks: Sequence[int], args: tuple[Any, ...],

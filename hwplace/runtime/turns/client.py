@@ -18,6 +18,7 @@ from hwplace.contracts.capabilities import TurnAddress, TurnArbitration
 from hwplace.contracts.records import Placement
 from hwplace.foundation.errors import WorkerError
 from hwplace.foundation.timeouts import wait_timeout
+from hwplace.foundation.trace import MEMORY, TURN, WAIT, begin, end, memory_held, span
 from hwplace.planning.sharing import accelerator_units
 from hwplace.plugin.session import session
 
@@ -71,6 +72,7 @@ class Turns:
         self._connection: _Connection | None = None
         self._held_remotely = False
         self._offloaded = False  # offload() ran and no onload() since: the worker's state is out
+        self._held: tuple[str, str, int] | None = None  # the span of the turn held (begin), when tracing
 
     def _arbiter(self) -> _Connection | None:
         if self._connection is None and self._units:
@@ -97,19 +99,22 @@ class Turns:
                 return
             self._entering = True
         try:
-            onload = self._acquire(timeout)
+            with span("turn.wait", WAIT, units=self._units):  # formatted only when written
+                onload = self._acquire(timeout)
         finally:
             with self._changed:
                 self._entering = False
                 self._changed.notify_all()
         with self._changed:
             self._depth = 1
+            self._held = begin("turn", TURN)
         hook = getattr(self._worker, "onload", None)
         # onload() undoes offload(): a worker that defines offload() is onloaded only after it offloaded
         if onload and callable(hook) and (self._offloaded or not callable(getattr(self._worker, "offload", None))):
             self._offloaded = False
             try:
-                hook()
+                with span("onload", MEMORY):
+                    hook()
             except BaseException:
                 self.leave()
                 raise
@@ -134,6 +139,7 @@ class Turns:
             self._depth -= 1
             if self._depth:
                 return
+        end(self._held)
         connection = self._connection
         if connection is None or not self._held_remotely:
             return
@@ -142,7 +148,9 @@ class Turns:
             if connection.ask({"op": "release", "hooks": callable(hook)})["offload"]:
                 try:
                     self._offloaded = True
-                    hook()  # type: ignore[misc]
+                    with span("offload", MEMORY) as offloading:
+                        hook()  # type: ignore[misc]
+                        offloading.args.update(memory_held())  # held once offloaded: the "offloaded" phase
                 finally:
                     connection.ask({"op": "released"})
         except OSError as exc:

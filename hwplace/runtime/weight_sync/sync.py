@@ -20,6 +20,7 @@ from typing import Any
 
 from hwplace.contracts.capabilities import Rendezvous, require
 from hwplace.foundation.errors import ConfigError, WeightSyncError
+from hwplace.foundation.trace import SYNC, WAIT, traced
 from hwplace.foundation.wording import safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.sync_plan import SAME_DEVICE, TRANSPORTS, SyncTarget, plan_sync
@@ -51,6 +52,11 @@ def _states() -> dict[str, _State]:
 
 
 _STATES_LOCK = threading.Lock()
+
+
+def state_bytes(state_dict: Mapping[str, Any]) -> int:
+    """The bytes of a state dict's tensors and arrays (what a publish span notes, for profiles)."""
+    return sum(int(getattr(value, "nbytes", 0)) for value in state_dict.values())
 
 
 class WeightSync:
@@ -112,6 +118,7 @@ class WeightSync:
     def _key(self, target: SyncTarget) -> str:
         return f"wsync/{self._uid}/{target.group}/{target.rank}"
 
+    @traced("weights.publish", SYNC, lambda sync, state_dict: {"sync": sync.name, "bytes": state_bytes(state_dict)})
     def publish(self, state_dict: Mapping[str, Any]) -> int:
         """Send ``state_dict`` (names to torch tensors or numpy arrays) to every target; returns its version."""
         context = session().worker_context("WeightSync.publish")
@@ -198,6 +205,7 @@ class WeightSync:
         raise WeightSyncError(f"weight sync {self.name!r}: {what} runs on a rank of its targets ({groups}), not on "
                               f"group {context.group!r} rank {context.rank}")
 
+    @traced("weights.latest", WAIT, lambda sync, *_, **__: {"sync": sync.name})
     def latest(self, min_version: int = 0, timeout: float | None = None) -> Weights:
         """The newest version that arrived intact, waiting (up to ``timeout`` s) for one at least ``min_version``.
 
@@ -221,6 +229,7 @@ class WeightSync:
                                       SameDevice(visible), SameNode(self._uid))
             return state.intake
 
+    @traced("weights.load_into", SYNC, lambda sync, *_, **__: {"sync": sync.name})
     def load_into(self, module: Any, min_version: int = 0, timeout: float | None = None) -> int:
         """Load the latest weights into a torch module (``load_state_dict``); returns their version. A version on
         this GPU (``same-device``) is copied from the source's slot straight into the module's parameters."""

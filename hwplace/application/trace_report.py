@@ -1,0 +1,216 @@
+"""``hwplace report FILE``: what a trace of ``hwplace run --trace`` says (SPEC §13).
+
+Each device's idle share per stage, each worker's time in and between calls, the waits by worker and kind (where the
+time goes: a bubble that recurs), and the longest waits (where a rank stalled).
+
+A worker computes while it is inside a group call (a ``call`` span) and not waiting in it (a ``wait`` span: a
+channel, a turn, a weight version); a device is busy while any worker holding it computes. A stage is a group call
+of a component (``trainer.step``), its time the union of that call's spans over the component's ranks; a device's
+idle share in a stage is the part of the stage's time the device is not busy. ``whole run`` is the time from the
+first group call after the constructors (``__init__``, which are in the trace but no stage) to the last span.
+Imports the layers below.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any, TextIO
+
+from hwplace.foundation.trace import CALL, IDLE, WAIT
+from hwplace.foundation.wording import plural
+
+Intervals = list[tuple[float, float]]
+WHOLE_RUN = "whole run"
+CONSTRUCTOR = "__init__"
+SHORT_STAGE = 0.01  # the report leaves out stages shorter than this share of the whole run
+
+
+def union(intervals: Iterable[tuple[float, float]]) -> Intervals:
+    """The intervals merged: sorted, disjoint."""
+    merged: Intervals = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def subtract(kept: Intervals, removed: Intervals) -> Intervals:
+    """``kept`` less ``removed``, both merged (:func:`union`)."""
+    result: Intervals = []
+    j = 0
+    for start, end in kept:
+        while j < len(removed) and removed[j][1] <= start:
+            j += 1
+        k, cursor = j, start
+        while k < len(removed) and removed[k][0] < end:
+            if removed[k][0] > cursor:
+                result.append((cursor, removed[k][0]))
+            cursor = max(cursor, removed[k][1])
+            k += 1
+        if cursor < end:
+            result.append((cursor, end))
+    return result
+
+
+def overlap(a: Intervals, b: Intervals) -> float:
+    """The length of the time both merged lists cover."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        low, high = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if high > low:
+            total += high - low
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def length(intervals: Intervals) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+class TraceSummary:
+    """The numbers ``hwplace report`` prints, worked out once from a merged trace (times in microseconds)."""
+
+    def __init__(self, trace: Mapping[str, Any], node_type: str | None = None) -> None:
+        tracks: Mapping[str, Mapping[str, Any]] = trace["otherData"]["hwplace"]["tracks"]
+        self.tracks = tracks
+        spans: dict[str, dict[str, Intervals]] = defaultdict(lambda: defaultdict(list))  # track -> category -> ...
+        stage_spans: dict[str, Intervals] = defaultdict(list)
+        self.waits: list[tuple[float, float, str, str, Mapping[str, Any]]] = []  # dur, start, track, name, args
+        first, last = float("inf"), float("-inf")
+        for event in trace["traceEvents"]:
+            key = f"{event.get('pid')}:{event.get('tid')}"
+            if event.get("ph") != "X" or key not in tracks:
+                continue
+            start, end = event["ts"], event["ts"] + event["dur"]
+            if event["name"] == CONSTRUCTOR:  # launching: not part of the run's steps
+                continue
+            spans[key][event.get("cat", "")].append((start, end))
+            if event.get("cat") == IDLE:  # between calls: no part of the run's window
+                continue
+            first, last = min(first, start), max(last, end)
+            if event.get("cat") == CALL:
+                stage_spans[f"{tracks[key]['group']}.{event['name']}"].append((start, end))
+            elif event.get("cat") == WAIT:
+                self.waits.append((event["dur"], start, key, event["name"], event.get("args") or {}))
+        self.window: Intervals = [(first, last)] if last > first else []
+        self.calls = {key: union(by_category[CALL]) for key, by_category in spans.items()}
+        self.busy = {key: subtract(self.calls[key], union(by_category[WAIT])) for key, by_category in spans.items()}
+        self.spans = spans
+        self.stages = {WHOLE_RUN: self.window, **{name: union(found) for name, found in sorted(stage_spans.items())}}
+        self.waits.sort(key=lambda wait: (-wait[0], wait[1]))
+        holders: dict[tuple[int, str], list[str]] = defaultdict(list)
+        for key, track in tracks.items():
+            for device in track.get("devices", []):
+                if node_type is not None and device.startswith(f"{node_type} "):
+                    continue  # a node-kind resource: the node's processes share it, it is no device
+                holders[track["node"], device].append(key)
+        self.devices = dict(sorted(holders.items()))
+
+    def wait_totals(self) -> list[tuple[str, str, float, int, float]]:
+        """Per worker and kind of wait (its name, and its channel when it has one): (worker, kind, total µs, count,
+        longest µs), the largest total first."""
+        totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0, 0.0])
+        for duration, _, key, name, args in self.waits:
+            kind = f"{name} {args['channel']!r}" if isinstance(args.get("channel"), str) else name
+            entry = totals[self.worker(key), kind]
+            entry[0] += duration
+            entry[1] += 1
+            entry[2] = max(entry[2], duration)
+        rows = [(worker, kind, total, int(count), longest)
+                for (worker, kind), (total, count, longest) in totals.items()]
+        return sorted(rows, key=lambda row: (-row[2], row[0], row[1]))
+
+    def worker(self, key: str) -> str:
+        track = self.tracks[key]
+        thread = "" if track.get("main", True) else f" ({track.get('thread')})"
+        return f"{track['group']} rank {track['rank']}{thread}"
+
+    def device_busy(self, device: tuple[int, str]) -> Intervals:
+        return union(interval for key in self.devices[device] for interval in self.busy.get(key, []))
+
+    def idle_shares(self, device: tuple[int, str]) -> dict[str, tuple[float, float]]:
+        """Per stage: its time (µs) and the share of it the device is idle."""
+        busy = self.device_busy(device)
+        shares = {}
+        for stage, window in self.stages.items():
+            span = length(window)
+            if span > 0:
+                shares[stage] = (span, 1 - overlap(busy, window) / span)
+        return shares
+
+    def workers(self) -> dict[str, dict[str, float]]:
+        """Per worker, over its time from its first group call's start to its last one's end (constructors left
+        out): the shares of that time ``in calls``, ``waiting`` in them, ``between calls``, and ``covered`` by any
+        span."""
+        by_worker: dict[str, dict[str, Intervals]] = defaultdict(lambda: defaultdict(list))
+        for key, track in self.tracks.items():
+            for category, found in self.spans.get(key, {}).items():
+                by_worker[f"{track['group']} rank {track['rank']}"][category] += found
+        result = {}
+        for worker, categories in sorted(by_worker.items()):
+            calls = union(categories[CALL])
+            if not calls:
+                continue
+            window = [(calls[0][0], calls[-1][1])]
+            span = length(window)
+            if span <= 0:
+                continue
+            every = union(interval for found in categories.values() for interval in found)
+            result[worker] = {"in calls": length(calls) / span,
+                              "waiting": overlap(union(categories[WAIT]), calls) / span,
+                              "between calls": overlap(union(categories[IDLE]), window) / span,
+                              "covered": overlap(every, window) / span}
+        return result
+
+    def coverage(self) -> dict[str, float]:
+        """Per worker: the share of its time from its first group call's start to its last one's end that its
+        spans cover (constructors left out)."""
+        return {worker: shares["covered"] for worker, shares in self.workers().items()}
+
+
+def print_report(trace: Mapping[str, Any], out: TextIO, top: int = 10, node_type: str | None = None) -> TraceSummary:
+    """Print each device's idle share per stage and the ``top`` longest waits; returns the numbers. Resources of
+    ``node_type`` (the node-kind backend's) are no devices."""
+    summary = TraceSummary(trace, node_type)
+    workers = {(t["group"], t["rank"]) for t in summary.tracks.values()}
+    nodes = {t["node"] for t in summary.tracks.values()}
+    whole = length(summary.window) / 1e6
+    out.write(f"trace: {plural(len(workers), 'worker')} on {plural(len(nodes), 'node')}; the whole run, from the first "
+              f"group call after the constructors to the last span, is {whole:.3f} s\n")
+    if summary.devices:
+        out.write("\nidle share of each device per stage (time no worker holding it computes: outside group calls "
+                  "or waiting in one)\n")
+        width = max(len(stage) for stage in summary.stages)
+        for device in summary.devices:
+            holders = ", ".join(sorted({summary.worker(k).split(" (")[0] for k in summary.devices[device]}))
+            out.write(f"  node {device[0]} {device[1]}  ({holders})\n")
+            for stage, (span, idle) in summary.idle_shares(device).items():
+                if span < SHORT_STAGE * length(summary.window):  # a one-off call (attach, report): noise here
+                    continue
+                out.write(f"    {stage:<{width}}  {span / 1e6:9.3f} s  idle {100 * idle:5.1f}%\n")
+    else:
+        out.write("\nno worker holds an accelerator or device: no idle shares\n")
+    out.write("\neach worker's time, from its first group call to the end of its last: in calls (waiting in them), "
+              "between calls (waiting for its driver), covered by spans\n")
+    for worker, shares in summary.workers().items():
+        out.write(f"  {worker:<24} in calls {100 * shares['in calls']:5.1f}% (waiting {100 * shares['waiting']:5.1f}%)"
+                  f"  between calls {100 * shares['between calls']:5.1f}%  covered {100 * shares['covered']:5.1f}%\n")
+    if summary.waits:
+        out.write(f"\nwaits by worker and kind, the largest totals (top {top})\n")
+        for worker, kind, total, count, longest in summary.wait_totals()[:top]:
+            out.write(f"  {worker:<24} {kind:<36} {total / 1e6:8.3f} s in {count:>6}, "
+                      f"longest {longest / 1e3:8.1f} ms\n")
+    out.write(f"\nlongest waits (top {top})\n" if summary.waits else "\nno waits recorded\n")
+    for duration, start, key, name, args in summary.waits[:top]:
+        detail = ", ".join(f"{k} {v!r}" if isinstance(v, str) else f"{k} {v}" for k, v in args.items())
+        at = (start - summary.window[0][0]) / 1e6 if summary.window else 0.0
+        out.write(f"  {duration / 1e3:10.1f} ms  {summary.worker(key):<24} {name:<16} at {at:8.3f} s"
+                  f"{'  ' + detail if detail else ''}\n")
+    return summary

@@ -1,0 +1,72 @@
+"""Profiles: one point per component, its stages' work per step (group calls made every step, or running through
+the run, less their waits, offloads, onloads and weight syncs), offload and onload, memory measured (CUDA peaks in
+the span arguments) or else declared, and each weight sync's bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from traces import write_worker
+
+from hwplace.application.profiling import build_profile
+from hwplace.application.timeline import merge
+from hwplace.config.resources import ComponentResources
+
+GIB = 1 << 30
+
+
+def trainer(rank: int, waited: float) -> list[tuple]:  # type: ignore[type-arg]
+    spans: list[tuple] = [("__init__", "call", -500, -100), ("attach", "call", -50, -45)]  # type: ignore[type-arg]
+    for step in range(3):
+        start = 100.0 * step
+        spans += [("step", "call", start, start + 100), ("get_batch", "wait", start, start + waited),
+                  ("turn", "turn", start + waited, start + 100),
+                  ("offload", "memory", start + 90, start + 90 + rank + 2)]
+        if rank == 0:
+            spans.append(("weights.publish", "sync", start + 95, start + 100, {"sync": "policy", "bytes": 4096}))
+    return spans
+
+
+def test_a_point_per_component_with_the_work_per_step_of_its_stages(tmp_path: Path) -> None:
+    # rank 0: each 100 ms step waits 20, publishes 5 and offloads 2: 73 ms of work; rank 1 waits 40, offloads 3: 57
+    write_worker(tmp_path, "trainer", 0, trainer(0, 20), devices=["fake-accelerator 2"])
+    write_worker(tmp_path, "trainer", 1, trainer(1, 40), devices=["fake-accelerator 3"])
+    # the rollout's one call runs through the run: 300 ms, 120 of them waiting: 60 ms of work per step
+    write_worker(tmp_path, "rollout", 0, [("generate", "call", 0, 300), ("weights.latest", "wait", 0, 120)],
+                 devices=["fake-accelerator 0", "fake-accelerator 1"])
+    write_worker(tmp_path, "env", 0, [("serve", "call", 0, 300)], devices=["node 0"])
+    profile = build_profile(merge(tmp_path), placements={"trainer": "2-3", "rollout": "0-1"}, node_type="node")
+    assert profile["version"] == 1
+    assert profile["weight_sync"] == {"policy": {"bytes": 4096}}
+    (point,) = profile["components"]["trainer"]["points"]
+    assert point["processes"] == 2
+    assert point["devices_per_process"] == 1
+    assert point["placement"] == "2-3"
+    assert list(point["stages"]) == ["step"]  # attach is called once, the constructor is no stage
+    assert point["stages"]["step"]["seconds"] == pytest.approx((73 + 57) / 2 / 1000)  # the median rank
+    assert point["offload"]["seconds"] == pytest.approx(0.0025)
+    assert "onload" not in point
+    assert "memory" not in point
+    (point,) = profile["components"]["rollout"]["points"]
+    assert point["devices_per_process"] == 2
+    assert point["stages"] == {"generate": {"seconds": pytest.approx(0.06)}}
+    (point,) = profile["components"]["env"]["points"]
+    assert point["devices_per_process"] == 1  # a node-kind resource is no accelerator
+    assert "placement" not in point
+
+
+def test_memory_measured_wins_over_declared_which_fills_in(tmp_path: Path) -> None:
+    write_worker(tmp_path, "trainer", 0, [("step", "call", 0, 10, {"peak_memory_bytes": 5 * GIB}),
+                                          ("step", "call", 10, 20, {"peak_memory_bytes": 7 * GIB}),
+                                          ("offload", "memory", 20, 21, {"memory_bytes": GIB})])
+    write_worker(tmp_path, "rollout", 0, [("generate", "call", 0, 10), ("generate", "call", 10, 20)])
+    write_worker(tmp_path, "reward", 0, [("score", "call", 0, 10), ("offload", "memory", 10, 11, {"memory_bytes": 1}),
+                                         ("score", "call", 11, 20)])
+    declared = (ComponentResources("rollout", {"generate": 30 * GIB, "offloaded": GIB // 2}),
+                ComponentResources("reward", {"score": 12 * GIB}))
+    components = build_profile(merge(tmp_path), declared)["components"]
+    assert components["trainer"]["points"][0]["memory"] == {"offloaded": GIB, "step": 7 * GIB}
+    assert components["rollout"]["points"][0]["memory"] == {"generate": 30 * GIB, "offloaded": GIB // 2}
+    # measured: only what it holds offloaded, no working phase: the declared figures stand
+    assert components["reward"]["points"][0]["memory"] == {"score": 12 * GIB}
