@@ -112,14 +112,17 @@ def exchange(comm: Communicator, text: str) -> list[str]:
 
 
 def encode(obj: Any, device_ok: bool, hosted: bool = False) -> tuple[Any, Any]:
-    """The header and payload of ``obj``: a tensor's bytes (on its device where ``device_ok``; else copied to
-    host memory, and marked to go back to the receiver's device where ``hosted``), or a pickle."""
+    """The header and payload of ``obj``: a dense tensor's bytes (on its device where ``device_ok``; else copied
+    to host memory, and marked to go back to the receiver's device where ``hosted``), or a pickle (anything
+    else: sparse, nested, meta and quantized tensors too, which arrive as they left)."""
     torch = torch_module()
     dtype = str(obj.dtype).removeprefix("torch.") if isinstance(obj, torch.Tensor) else ""
-    if isinstance(obj, torch.Tensor) and dtype in DTYPES and obj.dim() <= MAX_DIMS:
+    if dtype and (obj.is_conj() or obj.is_neg()):  # a lazy view: its values, which its bytes are not
+        obj = obj.resolve_conj().resolve_neg()
+    if dtype in DTYPES and obj.dim() <= MAX_DIMS and obj.layout == torch.strided and not (obj.is_meta or obj.is_nested):
         on_device = obj.device.type != "cpu"
         tensor = obj.detach() if (on_device and device_ok) else obj.detach().cpu()
-        payload = tensor.contiguous().reshape(-1).view(torch.uint8)
+        payload = byte_view(tensor)
         kind = (DEVICE_TENSOR if device_ok else HOSTED if hosted and obj.device.type == "cuda" else TENSOR) \
             if on_device else TENSOR
         fields = [kind, payload.numel(), DTYPES.index(dtype), obj.dim(), *obj.shape]
@@ -129,6 +132,15 @@ def encode(obj: Any, device_ok: bool, hosted: bool = False) -> tuple[Any, Any]:
         fields = [PICKLED, payload.numel()]
     header = torch.tensor(fields + [0] * (HEADER - len(fields)), dtype=torch.int64)  # one op, not one per field
     return header, payload
+
+
+def byte_view(tensor: Any) -> Any:
+    """A tensor's bytes as a flat uint8 tensor (a contiguous copy when it is not contiguous)."""
+    torch = torch_module()
+    flat = tensor.contiguous().reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:  # one element at an odd stride (``.imag``): torch calls it contiguous
+        flat = flat.as_strided((flat.numel(),), (1,))
+    return flat.view(torch.uint8)
 
 
 def empty_payload(header: Any, device: Any = None) -> Any:
