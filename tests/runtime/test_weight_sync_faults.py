@@ -5,12 +5,14 @@ for its first version, segments the source let go, and tensors a target writes i
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 from unittest import mock
 
 import pytest
 
 import hwplace
+from hwplace.runtime.messaging import communicator
 from hwplace.runtime.weight_sync import buckets, transports
 from hwplace.runtime.weight_sync import sync as sync_module
 
@@ -31,7 +33,13 @@ def values(weights: hwplace.Weights) -> list[float]:
     return sorted({float(v) for t in weights.tensors.values() for v in torch.as_tensor(t).float().reshape(-1)})
 
 
-class Source(hwplace.Worker):
+class Patient(hwplace.Worker):
+    def lower_connect_timeout(self, seconds: float) -> None:
+        """Lower, in this process, the bound a new communicator's members used to have to meet (300 s)."""
+        communicator.CONNECT_TIMEOUT = seconds
+
+
+class Source(Patient):
     def publish(self, sync: hwplace.WeightSync, version: int, size: int = 64) -> int:
         return sync.publish(filled(version, size))
 
@@ -71,7 +79,7 @@ class Source(hwplace.Worker):
         return sync.publish({**state, "scalar": np.array(2.5)})
 
 
-class Target(hwplace.Worker):
+class Target(Patient):
     def describe(self, sync: hwplace.WeightSync, min_version: int) -> dict[str, tuple[str, tuple[int, ...], bool]]:
         """Each received entry, by its key's repr: its type, shape and requires_grad."""
         weights = sync.latest(min_version=min_version, timeout=60)
@@ -145,3 +153,26 @@ def test_parameters_and_int_keys_arrive_as_they_left(groups, through_slots: bool
     if not through_slots:
         expected["'scalar'"] = ("ndarray", (), False)
     assert waiting.wait(timeout=60) == [expected] * 3
+
+
+@pytest.mark.parametrize("first", ["target", "source"])
+def test_a_long_wait_for_the_first_version_is_bounded_only_by_the_caller(cluster: hwplace.Cluster,
+                                                                          first: str) -> None:
+    source = Source.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name=f"early-{first}")
+    target = Target.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 1]), name=f"late-{first}")
+    try:
+        for group in (source, target):
+            group.lower_connect_timeout(1.0).wait(timeout=60)  # the former bound, as a setting: 1 s here
+        sync = hwplace.WeightSync.create("patient", source=f"early-{first}", targets=(f"late-{first}",))
+        if first == "target":  # a rollout that starts long before the trainer's first step
+            waiting = target.latest(sync, 1, 60)
+            time.sleep(3.0)  # three times the former bound
+            assert source.publish(sync, 1).wait(timeout=60) == [1]
+        else:  # a trainer that publishes long before a rollout first asks
+            assert source.publish(sync, 1).wait(timeout=60) == [1]
+            time.sleep(3.0)
+            waiting = target.latest(sync, 1, 60)
+        assert waiting.wait(timeout=90) == [(1, [1.0])] * 2
+    finally:
+        source.shutdown()
+        target.shutdown()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from hwplace.contracts.executor import Executor, GroupEntry
 from hwplace.foundation.errors import ConfigError
 from hwplace.runtime.messaging.devices import nccl_groups
 
-CONNECT_TIMEOUT = 300.0  # seconds the members of a new communicator have to meet
+CONNECT_TIMEOUT = 300.0  # seconds the members of a new communicator have to meet (a weight sync's: per round)
 HEADER = 16  # int64 slots of a frame's header: kind, byte count, dtype code, ndim, up to 12 dims
 MAX_DIMS = HEADER - 4
 PICKLED, TENSOR, DEVICE_TENSOR, HOSTED = 0, 1, 2, 3  # HOSTED: a device tensor that travels through host memory
@@ -71,17 +71,27 @@ class Communicator:
 
 
 def connect(rendezvous: Rendezvous, key: str, members: Sequence[Member], index: int, address: str,
-            device_backend: str | None, timeout: float = CONNECT_TIMEOUT) -> Communicator:
-    """Build the communicator ``key`` of ``members`` (blocks until every member has joined, up to ``timeout``)."""
+            device_backend: str | None, timeout: float | None = None,
+            waiting: Callable[[], bool] | None = None) -> Communicator:
+    """Build the communicator ``key`` of ``members`` (blocks until every member has joined, up to ``timeout``,
+    default :data:`CONNECT_TIMEOUT`). With ``waiting``, members wait for each other without bound, in rounds of
+    ``timeout``, for as long as ``waiting()`` says (then ``TimeoutError``): a weight sync's target may ask for
+    weights long before its source publishes, and the other way round."""
     torch = torch_module()
     dist = torch.distributed
+    timeout = CONNECT_TIMEOUT if timeout is None else timeout
     delta = datetime.timedelta(seconds=timeout)
     if index == 0:
         store = dist.TCPStore(address, 0, None, True, timeout=delta, wait_for_workers=False)
         rendezvous.kv_put(key, f"{address}:{store.port}".encode())
     else:
-        host, _, port = rendezvous.kv_wait(key, timeout).decode().rpartition(":")
+        found = _rounds(lambda: rendezvous.kv_wait(key, timeout), TimeoutError, waiting)
+        host, _, port = found.decode().rpartition(":")
         store = dist.TCPStore(host, int(port), None, False, timeout=delta)
+    if waiting is not None:  # every member is here before the groups are built (which wait up to ``timeout``)
+        store.set(f"here/{index}", b"1")
+        others = [f"here/{i}" for i in range(len(members)) if i != index]
+        _rounds(lambda: store.wait(others, delta), dist.DistStoreError, waiting)
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
     # no deadline on a message: a dead peer fails the pending receives at once (the one being read into is
@@ -92,6 +102,16 @@ def connect(rendezvous: Rendezvous, key: str, members: Sequence[Member], index: 
     if device_backend == "nccl":
         add_devices(comm, key)
     return comm
+
+
+def _rounds(step: Callable[[], Any], timed_out: type[BaseException], waiting: Callable[[], bool] | None) -> Any:
+    """``step()``, again after each ``timed_out`` for as long as ``waiting()`` (once without ``waiting``)."""
+    while True:
+        try:
+            return step()
+        except timed_out:
+            if waiting is None or not waiting():
+                raise
 
 
 def add_devices(comm: Communicator, key: str) -> None:

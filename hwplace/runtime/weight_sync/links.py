@@ -72,11 +72,14 @@ class Announcement:
     lengths: tuple[int, ...] = ()
 
 
-def _connect(key: str, members: tuple[Member, ...], context: WorkerContext) -> Any:
+def _connect(key: str, members: tuple[Member, ...], context: WorkerContext, waiting: Callable[[], bool]) -> Any:
+    """The link's communicator, its two ends waiting for each other without bound while ``waiting()``: a
+    target may ask long before the source's first version, or the source publish long before a target asks."""
     executor = session().executor
     address = find_entry(executor, context.group).addresses[context.rank]
     rendezvous = session().require(Rendezvous, "weight sync")
-    return connect(rendezvous, key, members, members.index((context.group, context.rank)), address, None)
+    return connect(rendezvous, key, members, members.index((context.group, context.rank)), address, None,
+                   waiting=waiting)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -158,7 +161,7 @@ class Link:
 
     def _run(self, key: str, members: tuple[Member, Member], context: WorkerContext) -> None:
         try:
-            comm = _connect(key, members, context)
+            comm = _connect(key, members, context, lambda: not self.closed)
             with self.lock:
                 if self.closed:
                     _abort(comm)
@@ -257,7 +260,7 @@ class Receiver:
     def _run(self, key: str, members: tuple[Member, ...], context: WorkerContext) -> None:
         torch = torch_module()
         try:
-            self._comm = comm = _connect(key, members, context)
+            self._comm = comm = _connect(key, members, context, lambda: not self._closed)
             if self._closed:
                 _abort(comm)
                 return
