@@ -262,7 +262,7 @@ def test_parameters_ints_keys_and_conjugate_views_arrive_as_they_left() -> None:
      r"is a quantized tensor \(torch.qint8\), whose scale and zero point would be lost"),
     (lambda: np.array([object()], dtype=object), r"is a numpy array of Python objects \(object\)"),
     (lambda: np.array([(1, None)], dtype=[("a", "i4"), ("b", "O")]), "is a numpy array of Python objects"),
-    (lambda: np.ma.masked_array([1.0, 2.0], mask=[0, 1]), "is a masked numpy array, whose mask would be lost"),
+    (lambda: np.ma.masked_array([1.0, 2.0], mask=[False, True]), "is a masked numpy array, whose mask would be lost"),
     (lambda: [1.0], r"is \[1.0\]; a weight sync carries torch tensors and numpy arrays"),
 ], ids=["meta", "sparse", "csr", "quantized", "objects", "object-field", "masked", "list"])
 def test_what_would_not_arrive_as_it_left_is_refused_by_key(value: Any, why: str) -> None:

@@ -79,7 +79,29 @@ class Source(Patient):
         return sync.publish({**state, "scalar": np.array(2.5)})
 
 
+    def publish_through_slots(self, sync: hwplace.WeightSync, version: int) -> int:
+        with mock.patch.object(sync_module, "source_device", return_value=0):  # GPU 0, which target rank 0 holds
+            return sync.publish(filled(version, 100_000))
+
+
 class Target(Patient):
+    def write_into(self, sync: hwplace.WeightSync, version: int) -> tuple[list[float], list[float]]:
+        """Take the version into a module by assignment and train it in place; then what latest() returns."""
+        model = torch.nn.Module()
+        weights = sync.latest(min_version=version, timeout=60)
+        for name, tensor in weights.tensors.items():
+            model.register_parameter(str(name), torch.nn.Parameter(tensor, requires_grad=False))
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.5)  # an optimizer step, in place
+        written = sorted({float(v) for p in model.parameters() for v in p.reshape(-1)})
+        return written, values(sync.latest(timeout=60))
+
+    def mapped_segments(self) -> int:
+        """How many of a weight sync's shared-memory files this process maps."""
+        with open("/proc/self/maps") as maps:
+            return len({line.split()[4] for line in maps if "hwplace-wsync" in line})
+
     def describe(self, sync: hwplace.WeightSync, min_version: int) -> dict[str, tuple[str, tuple[int, ...], bool]]:
         """Each received entry, by its key's repr: its type, shape and requires_grad."""
         weights = sync.latest(min_version=min_version, timeout=60)
@@ -127,8 +149,13 @@ def test_a_corrupted_version_nobody_read_gives_way_to_the_next(groups, size: int
     assert source.publish(sync, 1, size).wait(timeout=60) == [1]
     assert waiting.wait(timeout=60) == [(1, [1.0])] * 3
     assert source.publish_corrupted(sync, 2, size).wait(timeout=60) == [2]  # nobody reads it
+    asking = target.latest(sync, 3)  # while the corrupted version is the newest the targets know
+    time.sleep(1.0)
     assert source.publish(sync, 3, size).wait(timeout=60) == [3]
-    assert target.latest(sync, 3).wait(timeout=60) == [(3, [3.0])] * 3
+    assert asking.wait(timeout=60) == [(3, [3.0])] * 3
+    assert source.publish_corrupted(sync, 4, size).wait(timeout=60) == [4]
+    assert source.publish(sync, 5, size).wait(timeout=60) == [5]
+    assert target.latest(sync, 5).wait(timeout=60) == [(5, [5.0])] * 3  # asked once it was superseded
 
 
 def test_what_cannot_travel_exactly_is_refused_by_key_and_nothing_is_sent(groups) -> None:
@@ -148,8 +175,9 @@ def test_parameters_and_int_keys_arrive_as_they_left(groups, through_slots: bool
     sync = hwplace.WeightSync.create(f"kinds-{through_slots}", source="source", targets=("target",))
     waiting = target.describe(sync, 1)
     assert source.publish_mixed(sync, through_slots).wait(timeout=60) == [1]
-    expected = {"'w'": ("Parameter", (2,), True), "'frozen'": ("Parameter", (2,), False),
-                "1": ("Tensor", (2,), False), "'1'": ("Tensor", (2,), False)}
+    expected: dict[str, tuple[str, tuple[int, ...], bool]] = {
+        "'w'": ("Parameter", (2,), True), "'frozen'": ("Parameter", (2,), False),
+        "1": ("Tensor", (2,), False), "'1'": ("Tensor", (2,), False)}
     if not through_slots:
         expected["'scalar'"] = ("ndarray", (), False)
     assert waiting.wait(timeout=60) == [expected] * 3
@@ -176,3 +204,26 @@ def test_a_long_wait_for_the_first_version_is_bounded_only_by_the_caller(cluster
     finally:
         source.shutdown()
         target.shutdown()
+
+
+@pytest.mark.parametrize("through_slots", [False, True], ids=["host", "slots"])
+def test_tensors_from_latest_can_be_written_and_the_kept_version_stays(groups, through_slots: bool) -> None:
+    source, target = groups
+    sync = hwplace.WeightSync.create(f"written-{through_slots}", source="source", targets=("target",))
+    waiting = target.write_into(sync, 1)
+    published = source.publish_through_slots(sync, 1) if through_slots else source.publish(sync, 1, 100_000)
+    assert published.wait(timeout=60) == [1]
+    # ranks 0 to 2: a device copy (or, without the slots, a segment), a segment on the node, buckets received
+    assert waiting.wait(timeout=60) == [([1.5], [1.0])] * 3
+
+
+def test_a_target_maps_no_segment_its_source_let_go(groups) -> None:
+    source, target = groups
+    sync = hwplace.WeightSync.create("growing", source="source", targets=("target",))
+    for version, size in enumerate((100_000, 400_000, 1_600_000, 6_400_000), start=1):
+        waiting = target.execute_on(1).latest(sync, version)  # the rank on the source's node reads segments
+        assert source.publish(sync, version, size).wait(timeout=60) == [version]
+        assert waiting.wait(timeout=60) == [(version, [float(version)])]
+    # each version outgrew the segments before it, which the source let go; the target keeps the newest open (its
+    # lock), and maps a segment only while tensors of a version in it live: none now
+    assert target.execute_on(1).mapped_segments().wait(timeout=60) == [0]

@@ -113,7 +113,7 @@ class WeightSync:
     def _key(self, target: SyncTarget) -> str:
         return f"wsync/{self._uid}/{target.group}/{target.rank}"
 
-    def publish(self, state_dict: Mapping[str, Any]) -> int:
+    def publish(self, state_dict: Mapping[Any, Any]) -> int:
         """Send ``state_dict`` (names to torch tensors or numpy arrays) to every target; returns its version.
 
         Keys are strings or ints, kept as they are; an ``nn.Parameter`` arrives as one. A value that would not
