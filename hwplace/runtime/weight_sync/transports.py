@@ -177,13 +177,15 @@ class HostVersion:
     :meth:`weights` gives tensors of their own, copy-on-write views of those bytes: a caller that writes into
     them changes neither the kept version nor what another call returned."""
 
-    def __init__(self, note: Announcement, held: HeldFile | HeldBytes) -> None:
+    def __init__(self, note: Announcement, held: HeldFile | HeldBytes, first: list[Any] | None = None) -> None:
         self.note = note
         self.held = held
         self.version = note.version
+        self._first = first  # the views its digests were checked on: the first caller's
 
     def weights(self) -> Weights:
-        return Weights(self.version, MappingProxyType(unpack(self.note.entries, self.held.views())))
+        views, self._first = self._first or self.held.views(), None
+        return Weights(self.version, MappingProxyType(unpack(self.note.entries, views)))
 
     def close(self) -> None:
         self.held.close()
@@ -191,12 +193,14 @@ class HostVersion:
 
 def checked(note: Announcement, held: HeldFile | HeldBytes) -> HostVersion:
     """A version in host memory, once every bucket matches its digest."""
+    views = held.views()
     try:
-        check(held.views(), note.digests, f"weight sync version {note.version}")
+        check(views, note.digests, f"weight sync version {note.version}")
     except BaseException:
+        del views
         held.close()
         raise
-    return HostVersion(note, held)
+    return HostVersion(note, held, views)
 
 
 class Source:
