@@ -206,14 +206,16 @@ def test_a_long_wait_for_the_first_version_is_bounded_only_by_the_caller(cluster
         target.shutdown()
 
 
-@pytest.mark.parametrize("through_slots", [False, True], ids=["host", "slots"])
-def test_tensors_from_latest_can_be_written_and_the_kept_version_stays(groups, through_slots: bool) -> None:
+@pytest.mark.parametrize("how", ["segment", "announced", "slots"])
+def test_tensors_from_latest_can_be_written_and_the_kept_version_stays(groups, how: str) -> None:
     source, target = groups
-    sync = hwplace.WeightSync.create(f"written-{through_slots}", source="source", targets=("target",))
+    sync = hwplace.WeightSync.create(f"written-{how}", source="source", targets=("target",))
     waiting = target.write_into(sync, 1)
-    published = source.publish_through_slots(sync, 1) if through_slots else source.publish(sync, 1, 100_000)
+    published = source.publish_through_slots(sync, 1) if how == "slots" else \
+        source.publish(sync, 1, 100_000 if how == "segment" else 64)
     assert published.wait(timeout=60) == [1]
-    # ranks 0 to 2: a device copy (or, without the slots, a segment), a segment on the node, buckets received
+    # ranks 0 and 1 on the source's node: a device copy for rank 0 with the slots, else the node's segment (a
+    # large version) or the announcement (a small one); rank 2 on the other node: the buckets it received
     assert waiting.wait(timeout=60) == [([1.5], [1.0])] * 3
 
 
