@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -217,3 +218,55 @@ def test_without_xxhash_an_xxh128_digest_is_refused_and_the_others_still_work(
             "an xxh128 digest needs the xxhash package: pip install xxhash (the ray and torch extras bring it)")):
         digest(bucket, "xxh128")
     assert digest(bucket, "crc32").startswith("crc32:")
+
+
+def round_trip(state: dict[Any, Any]) -> dict[Any, Any]:
+    entries, packed = pack(state, bucket_bytes=64)
+    return unpack(entries, [bucket.copy() for bucket, _ in packed])
+
+
+def test_numpy_arrays_arrive_as_they_left_0_dim_and_structured_ones_included() -> None:
+    record = np.dtype([("id", "<i4"), ("score", "<f8")])
+    state = {"scalar": np.array(2.5), "records": np.array([(1, 0.5), (2, 1.5)], dtype=record),
+             "big_endian": np.arange(3, dtype=">f4"), "strided": np.arange(12.0).reshape(3, 4)[:, ::2]}
+    out = round_trip(state)
+    for name, value in state.items():
+        assert out[name].shape == value.shape, name
+        assert out[name].dtype == value.dtype, name
+        assert np.array_equal(out[name], value), name
+    assert out["scalar"].ndim == 0
+    assert out["records"]["score"].tolist() == [0.5, 1.5]
+
+
+def test_parameters_ints_keys_and_conjugate_views_arrive_as_they_left() -> None:
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    state = {"w": torch.nn.Parameter(torch.arange(4.0)), "frozen": frozen, 1: torch.ones(1), "1": torch.zeros(1),
+             "conj": torch.tensor([1 + 2j, 3 - 1j]).conj(), "neg": torch.tensor([1 + 2j]).conj().imag}
+    out = round_trip(state)
+    assert set(out) == {"w", "frozen", 1, "1", "conj", "neg"}  # 1 and "1" stay two keys
+    assert isinstance(out["w"], torch.nn.Parameter)
+    assert out["w"].requires_grad
+    assert isinstance(out["frozen"], torch.nn.Parameter)
+    assert not out["frozen"].requires_grad
+    assert not isinstance(out[1], torch.nn.Parameter)
+    assert (float(out[1]), float(out["1"])) == (1.0, 0.0)
+    assert out["conj"].tolist() == [1 - 2j, 3 + 1j]
+    assert out["neg"].tolist() == [-2.0]
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    (lambda: torch.empty(3, device="meta"), "is a meta tensor, which holds no data"),
+    (lambda: torch.eye(3).to_sparse(), "is a torch.sparse_coo tensor; a weight sync carries dense tensors"),
+    (lambda: torch.eye(3).to_sparse_csr(), "is a torch.sparse_csr tensor"),
+    (lambda: torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8),
+     r"is a quantized tensor \(torch.qint8\), whose scale and zero point would be lost"),
+    (lambda: np.array([object()], dtype=object), r"is a numpy array of Python objects \(object\)"),
+    (lambda: np.array([(1, None)], dtype=[("a", "i4"), ("b", "O")]), "is a numpy array of Python objects"),
+    (lambda: np.ma.masked_array([1.0, 2.0], mask=[False, True]), "is a masked numpy array, whose mask would be lost"),
+    (lambda: [1.0], r"is \[1.0\]; a weight sync carries torch tensors and numpy arrays"),
+], ids=["meta", "sparse", "csr", "quantized", "objects", "object-field", "masked", "list"])
+def test_what_would_not_arrive_as_it_left_is_refused_by_key(value: Any, why: str) -> None:
+    with pytest.raises(hwplace.WeightSyncError, match=f"^state dict entry 'layer.w' {why}"):
+        buckets_module.check_state_dict({"ok": torch.ones(1), "layer.w": value()})
+    with pytest.raises(hwplace.WeightSyncError, match=r"^state dict key \(1, 2\) is a tuple; a weight sync's keys"):
+        buckets_module.check_state_dict({(1, 2): torch.ones(1)})

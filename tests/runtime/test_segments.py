@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import mmap
 import multiprocessing
 import os
 import re
@@ -21,7 +20,7 @@ from hwplace.runtime.weight_sync.buckets import digest
 from hwplace.runtime.weight_sync.segments import (
     ALIGN,
     HEADER,
-    KEPT_MAPPINGS,
+    HeldFile,
     SegmentPool,
     SegmentReader,
     SegmentRef,
@@ -59,14 +58,19 @@ def test_buckets_start_aligned_after_the_header() -> None:
     assert offsets_of([0, 5]) == ((HEADER, HEADER), HEADER + ALIGN)
 
 
-def test_a_version_is_read_in_place_and_read_only(pool: SegmentPool) -> None:
+def test_a_version_is_read_in_place_and_written_copy_on_write(pool: SegmentPool) -> None:
     ref = write(pool, 1)
-    got = SegmentReader().take(ref)
+    reader = SegmentReader()
+    got = reader.take(ref)
     assert got is not None
     assert [b.tobytes() for b in got] == [b.tobytes() for b, _ in buckets(1)]
-    assert not got[0].flags.writeable
-    with pytest.raises(ValueError, match="read-only"):
-        got[0][0] = 1
+    assert got[0].flags.writeable
+    got[0][:] = 99  # the caller's own pages: neither the segment nor another reader sees it
+    again = reader.take(ref)
+    assert again is not None
+    assert again[0].tobytes() == buckets(1)[0][0].tobytes()
+    assert pool.views(ref)[0].tobytes() == buckets(1)[0][0].tobytes()
+    assert set(got[0].tolist()) == {99}
 
 
 def test_a_segment_is_recycled_only_when_no_reader_holds_it(pool: SegmentPool) -> None:
@@ -85,7 +89,6 @@ def test_a_segment_is_recycled_only_when_no_reader_holds_it(pool: SegmentPool) -
     kept = reader.take(third)
     assert kept is not None
     assert kept[2][0] == buckets(3)[2][0][0]
-    assert len(reader._maps) == 1  # versions 1 and 3 lie in one segment, mapped once
 
 
 def test_a_segment_given_to_a_newer_version_is_skipped(pool: SegmentPool) -> None:
@@ -247,10 +250,10 @@ def test_descriptors_are_not_inherited_by_programs_the_processes_start(pool: Seg
     got = reader.take(ref)
     assert got is not None
     opened = segment_fds() - before
-    assert len(opened) == 2  # the one holding the lock while the version is in use, and the mapping's own
+    assert len(opened) == 1  # the mapping's own, which holds the lock while the version is in use
     assert not any(os.get_inheritable(fd) for fd in opened)
     del got
-    assert len(segment_fds() - before) == 1  # the mapping, kept for the segment's next version
+    assert segment_fds() == before  # nothing is kept for the segment's next version
 
 
 def test_a_segment_being_written_or_replaced_is_skipped_and_leaves_nothing_open(pool: SegmentPool) -> None:
@@ -275,16 +278,10 @@ def test_a_mapping_that_fails_leaves_no_descriptor_and_no_lock(pool: SegmentPool
     reader = SegmentReader()
     before = segment_fds()
 
-    def replaced(ref: SegmentRef, path: str) -> Any:  # the file changed between two opens of its path
-        raise FileNotFoundError(path)
+    def denied(self: HeldFile) -> Any:
+        raise PermissionError(errno.EACCES, "Permission denied")
 
-    def denied(ref: SegmentRef, path: str) -> Any:
-        raise PermissionError(errno.EACCES, "Permission denied", path)
-
-    monkeypatch.setattr(reader, "_mapping", replaced)
-    assert reader.take(ref) is None
-    assert segment_fds() == before
-    monkeypatch.setattr(reader, "_mapping", denied)
+    monkeypatch.setattr(HeldFile, "views", denied)
     with pytest.raises(PermissionError, match="Permission denied"):
         reader.take(ref)
     assert segment_fds() == before
@@ -300,28 +297,23 @@ def test_an_unreadable_segment_names_the_source_process_and_what_it_needs(pool: 
         SegmentReader().take(ref)
 
 
-def test_a_segment_is_mapped_once_for_every_version_it_holds(pool: SegmentPool) -> None:
-    reader = SegmentReader()
-    got = reader.take(write(pool, 1))
-    assert got is not None
-    (mapping,) = reader._maps.values()
-    assert isinstance(mapping, mmap.mmap)
-    del got
-    again = reader.take(write(pool, 2))  # the same segment, now holding version 2
-    assert pool.count == 1
-    assert again is not None
-    assert [b.tobytes() for b in again] == [b.tobytes() for b, _ in buckets(2)]
-    (kept,) = reader._maps.values()
-    assert kept is mapping
+def mapped_inodes() -> set[int]:
+    """The inodes of the weight-sync files this process maps."""
+    with open("/proc/self/maps") as maps:
+        return {int(line.split()[4]) for line in maps if "hwplace-wsync" in line}
 
 
-def test_a_reader_keeps_a_few_mappings_and_views_in_use_keep_theirs(pool: SegmentPool) -> None:
+def test_a_reader_maps_no_segment_the_source_let_go(pool: SegmentPool) -> None:
     reader = SegmentReader()
-    held = []
-    for version in range(1, KEPT_MAPPINGS + 3):  # each held: a segment each
-        got = reader.take(write(pool, version, (10,)))
-        assert got is not None
-        held.append(got)
-    assert pool.count == KEPT_MAPPINGS + 2
-    assert len(reader._maps) == KEPT_MAPPINGS
-    assert [g[0].tobytes() for g in held] == [buckets(v, (10,))[0][0].tobytes() for v in range(1, KEPT_MAPPINGS + 3)]
+    held = None
+    for version, size in enumerate((10, 2_000, 100_000, 3_000_000), start=1):
+        held = reader.take(write(pool, version, (size,)))  # each larger: the free one before is let go
+        assert held is not None
+        assert held[0].tobytes() == buckets(version, (size,))[0][0].tobytes()
+    live = {segment.inode for segment in pool._segments}
+    assert mapped_inodes() <= live
+    del held
+    assert pool.count <= 2
+    assert mapped_inodes() <= {segment.inode for segment in pool._segments}
+    pool.close()
+    assert not mapped_inodes()  # the source's own mappings went with it, and the reader holds none

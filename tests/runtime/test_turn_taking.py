@@ -7,6 +7,7 @@ the turn, so a queue's order is the order of the turns on that accelerator.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -67,6 +68,44 @@ class Taker(hwplace.Worker):
         async with self.turn(timeout=60):
             with self.turn(timeout=60), self.turn():
                 return "nested"
+
+    def hold_once(self) -> None:
+        """One turn, held until the driver says go."""
+        with self.turn(timeout=120):
+            self.record("enter")
+            self.log.get(queue_name="go", timeout=120)
+            self.record("leave")
+
+    async def _one_turn(self, timeout: float, hold: float = 0.0) -> str:
+        try:
+            async with self.turn(timeout=timeout):
+                await asyncio.sleep(hold)
+        except TimeoutError as exc:
+            return f"TimeoutError: {exc}"
+        return "had a turn"
+
+    async def two_waiters(self) -> list[str]:
+        """A coroutine waits for the turn; a second one, with a timeout of 1 s, must not wait for the first."""
+        first = asyncio.ensure_future(self._one_turn(120))
+        await asyncio.sleep(0.5)  # the first one's request is at the arbiter
+        second = await self._one_turn(1)
+        self.log.put(second, weight=1, queue_name="second")
+        return [await first, second]
+
+    async def many_at_once(self, coroutines: int, rounds: int) -> list[str]:
+        """Coroutines of this worker taking turns all at once, each several times."""
+        async def taking() -> str:
+            for _ in range(rounds):
+                outcome = await self._one_turn(60, 0.001)
+                if outcome != "had a turn":
+                    return outcome
+            return "had a turn"
+
+        return sorted(set(await asyncio.gather(*(taking() for _ in range(coroutines)), return_exceptions=False)))
+
+    async def wait_for_turn(self) -> str:
+        self.log.put(self.group_name, weight=1, queue_name="asking")
+        return await self._one_turn(120)
 
     def die_in_turn(self) -> None:
         with self.turn(timeout=120):
@@ -182,3 +221,43 @@ def test_a_holder_killed_in_its_turn_releases_it(groups: dict[str, hwplace.Worke
                                                   r"has died"):
         dying.wait(timeout=60)
     assert groups["rollout"].execute_on(1).ask_for_turn(60).wait(timeout=90) == ["had a turn"]
+
+
+def test_a_timeout_holds_while_another_coroutine_of_the_worker_waits(groups: dict[str, hwplace.WorkerGroup],
+                                                                     log: hwplace.Channel) -> None:
+    holding = groups["trainer"].execute_on(0).hold_once()
+    assert log.get(queue_name="acc0", timeout=60)[0] in ("onload", "enter")  # the trainer holds its turn
+    waiting = groups["rollout"].execute_on(0).two_waiters()
+    second = log.get(queue_name="second", timeout=30)  # without the fix: it waits for the first one's turn
+    assert second == ("TimeoutError: turns-rollout rank 0: no turn on fake-accelerator 0 within 1 s (another call "
+                      "of this worker was still entering or leaving its turn)")
+    log.put("go", queue_name="go")
+    holding.wait(timeout=60)
+    assert waiting.wait(timeout=60) == [["had a turn", second]]
+    drain(log, "acc0")
+
+
+def test_coroutines_of_one_worker_take_turns_at_once(groups: dict[str, hwplace.WorkerGroup],
+                                                     log: hwplace.Channel) -> None:
+    rivals = groups["trainer"].execute_on(0).turns(20, 0.005)  # another group on the accelerator: real handovers
+    assert groups["rollout"].execute_on(0).many_at_once(8, 10).wait(timeout=120) == [["had a turn"]]
+    assert rivals.wait(timeout=120) == [20]
+    drain(log, "acc0")
+
+
+def test_a_cancelled_wait_for_a_turn_leaves_no_turn_held(groups: dict[str, hwplace.WorkerGroup],
+                                                         log: hwplace.Channel) -> None:
+    holding = groups["trainer"].execute_on(0).hold_once()
+    assert log.get(queue_name="acc0", timeout=60)[0] in ("onload", "enter")
+    waiting = groups["rollout"].execute_on(0).wait_for_turn()
+    assert log.get(queue_name="asking", timeout=60) == "turns-rollout"
+    time.sleep(0.5)  # its request reaches the arbiter
+    assert waiting.cancel() is True
+    with pytest.raises(hwplace.CallCancelled, match=r"wait_for_turn\(\) was cancelled"):
+        waiting.wait(timeout=60)
+    log.put("go", queue_name="go")
+    holding.wait(timeout=60)
+    # the cancelled request is granted after the trainer's turn, and given back at once: the trainer gets a turn
+    assert groups["trainer"].execute_on(0).ask_for_turn(30).wait(timeout=60) == ["had a turn"]
+    drain(log, "acc0")
+    drain(log, "asking")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from hwplace.contracts.executor import Executor, GroupEntry
 from hwplace.foundation.errors import ConfigError
 from hwplace.runtime.messaging.devices import nccl_groups
 
-CONNECT_TIMEOUT = 300.0  # seconds the members of a new communicator have to meet
+CONNECT_TIMEOUT = 300.0  # seconds the members of a new communicator have to meet (a weight sync's: per round)
 HEADER = 16  # int64 slots of a frame's header: kind, byte count, dtype code, ndim, up to 12 dims
 MAX_DIMS = HEADER - 4
 PICKLED, TENSOR, DEVICE_TENSOR, HOSTED = 0, 1, 2, 3  # HOSTED: a device tensor that travels through host memory
@@ -71,17 +71,27 @@ class Communicator:
 
 
 def connect(rendezvous: Rendezvous, key: str, members: Sequence[Member], index: int, address: str,
-            device_backend: str | None, timeout: float = CONNECT_TIMEOUT) -> Communicator:
-    """Build the communicator ``key`` of ``members`` (blocks until every member has joined, up to ``timeout``)."""
+            device_backend: str | None, timeout: float | None = None,
+            waiting: Callable[[], bool] | None = None) -> Communicator:
+    """Build the communicator ``key`` of ``members`` (blocks until every member has joined, up to ``timeout``,
+    default :data:`CONNECT_TIMEOUT`). With ``waiting``, members wait for each other without bound, in rounds of
+    ``timeout``, for as long as ``waiting()`` says (then ``TimeoutError``): a weight sync's target may ask for
+    weights long before its source publishes, and the other way round."""
     torch = torch_module()
     dist = torch.distributed
+    timeout = CONNECT_TIMEOUT if timeout is None else timeout
     delta = datetime.timedelta(seconds=timeout)
     if index == 0:
         store = dist.TCPStore(address, 0, None, True, timeout=delta, wait_for_workers=False)
         rendezvous.kv_put(key, f"{address}:{store.port}".encode())
     else:
-        host, _, port = rendezvous.kv_wait(key, timeout).decode().rpartition(":")
+        found = _rounds(lambda: rendezvous.kv_wait(key, timeout), TimeoutError, waiting)
+        host, _, port = found.decode().rpartition(":")
         store = dist.TCPStore(host, int(port), None, False, timeout=delta)
+    if waiting is not None:  # every member is here before the groups are built (which wait up to ``timeout``)
+        store.set(f"here/{index}", b"1")
+        others = [f"here/{i}" for i in range(len(members)) if i != index]
+        _rounds(lambda: store.wait(others, delta), dist.DistStoreError, waiting)
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
     # no deadline on a message: a dead peer fails the pending receives at once (the one being read into is
@@ -92,6 +102,16 @@ def connect(rendezvous: Rendezvous, key: str, members: Sequence[Member], index: 
     if device_backend == "nccl":
         add_devices(comm, key)
     return comm
+
+
+def _rounds(step: Callable[[], Any], timed_out: type[BaseException], waiting: Callable[[], bool] | None) -> Any:
+    """``step()``, again after each ``timed_out`` for as long as ``waiting()`` (once without ``waiting``)."""
+    while True:
+        try:
+            return step()
+        except timed_out:
+            if waiting is None or not waiting():
+                raise
 
 
 def add_devices(comm: Communicator, key: str) -> None:
@@ -112,14 +132,17 @@ def exchange(comm: Communicator, text: str) -> list[str]:
 
 
 def encode(obj: Any, device_ok: bool, hosted: bool = False) -> tuple[Any, Any]:
-    """The header and payload of ``obj``: a tensor's bytes (on its device where ``device_ok``; else copied to
-    host memory, and marked to go back to the receiver's device where ``hosted``), or a pickle."""
+    """The header and payload of ``obj``: a dense tensor's bytes (on its device where ``device_ok``; else copied
+    to host memory, and marked to go back to the receiver's device where ``hosted``), or a pickle (anything
+    else: sparse, nested, meta and quantized tensors too, which arrive as they left)."""
     torch = torch_module()
     dtype = str(obj.dtype).removeprefix("torch.") if isinstance(obj, torch.Tensor) else ""
-    if isinstance(obj, torch.Tensor) and dtype in DTYPES and obj.dim() <= MAX_DIMS:
+    if dtype and (obj.is_conj() or obj.is_neg()):  # a lazy view: its values, which its bytes are not
+        obj = obj.resolve_conj().resolve_neg()
+    if dtype in DTYPES and obj.dim() <= MAX_DIMS and obj.layout == torch.strided and not (obj.is_meta or obj.is_nested):
         on_device = obj.device.type != "cpu"
         tensor = obj.detach() if (on_device and device_ok) else obj.detach().cpu()
-        payload = tensor.contiguous().reshape(-1).view(torch.uint8)
+        payload = byte_view(tensor)
         kind = (DEVICE_TENSOR if device_ok else HOSTED if hosted and obj.device.type == "cuda" else TENSOR) \
             if on_device else TENSOR
         fields = [kind, payload.numel(), DTYPES.index(dtype), obj.dim(), *obj.shape]
@@ -129,6 +152,15 @@ def encode(obj: Any, device_ok: bool, hosted: bool = False) -> tuple[Any, Any]:
         fields = [PICKLED, payload.numel()]
     header = torch.tensor(fields + [0] * (HEADER - len(fields)), dtype=torch.int64)  # one op, not one per field
     return header, payload
+
+
+def byte_view(tensor: Any) -> Any:
+    """A tensor's bytes as a flat uint8 tensor (a contiguous copy when it is not contiguous)."""
+    torch = torch_module()
+    flat = tensor.contiguous().reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:  # one element at an odd stride (``.imag``): torch calls it contiguous
+        flat = flat.as_strided((flat.numel(),), (1,))
+    return flat.view(torch.uint8)
 
 
 def empty_payload(header: Any, device: Any = None) -> Any:

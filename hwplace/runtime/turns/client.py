@@ -8,9 +8,11 @@ shares one, takes a turn at no cost. Imports the layers below and :mod:`hwplace.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
+import time
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -45,14 +47,16 @@ class _Connection:
         self._socket.settimeout(None)
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._file = self._socket.makefile("rb")
+        self._lock = threading.Lock()
         self._send({"token": address.token, "group": group, "who": who})
 
     def _send(self, message: dict[str, Any]) -> None:
         self._socket.sendall(json.dumps(message).encode() + b"\n")
 
     def ask(self, message: dict[str, Any]) -> dict[str, Any]:
-        self._send(message)
-        line = self._file.readline()
+        with self._lock:  # a request and its answer, never interleaved with another thread's
+            self._send(message)
+            line = self._file.readline()
         if not line:
             raise OSError("the arbiter closed the connection")
         answer: dict[str, Any] = json.loads(line)
@@ -68,7 +72,7 @@ class Turns:
         self._who = f"{worker.group_name} rank {worker.rank}"
         self._changed = threading.Condition()
         self._depth = 0
-        self._entering = False
+        self._busy = False  # a thread of this worker is entering or leaving the turn (arbiter or hook)
         self._connection: _Connection | None = None
         self._held_remotely = False
         self._offloaded = False  # offload() ran and no onload() since: the worker's state is out
@@ -91,41 +95,49 @@ class Turns:
                            group=self._worker.group_name, rank=self._worker.rank, node_rank=context.node_rank)
 
     def enter(self, timeout: float | None) -> None:
+        """Enter this worker's turn (sharing it when another thread or coroutine of the worker holds it), waiting
+        up to ``timeout`` s in all, also for a thread of the worker that is entering or leaving meanwhile."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
-            while self._entering:  # another thread of this worker is entering: share its turn
-                self._changed.wait()
+            while self._busy:  # another thread of this worker talks to the arbiter or runs a hook: after it
+                if not self._changed.wait(_left(deadline)):
+                    raise TimeoutError(f"{self._who}: no turn on {_units(self._units)} within {timeout:g} s (another "
+                                       "call of this worker was still entering or leaving its turn)")
             if self._depth:
                 self._depth += 1
                 return
-            self._entering = True
+            self._busy = True
         try:
             with span("turn.wait", WAIT, units=self._units):  # formatted only when written
-                onload = self._acquire(timeout)
+                onload = self._acquire(timeout, _left(deadline))
+            with self._changed:
+                self._depth = 1
+                self._held = begin("turn", TURN)
+            hook = getattr(self._worker, "onload", None)
+            # onload() undoes offload(): a worker that defines offload() is onloaded only after it offloaded
+            if onload and callable(hook) and (self._offloaded or not callable(getattr(self._worker, "offload", None))):
+                self._offloaded = False
+                try:
+                    with span("onload", MEMORY):
+                        hook()
+                except BaseException:
+                    with self._changed:
+                        self._depth = 0
+                    end(self._held)
+                    self._release()
+                    raise
         finally:
             with self._changed:
-                self._entering = False
+                self._busy = False
                 self._changed.notify_all()
-        with self._changed:
-            self._depth = 1
-            self._held = begin("turn", TURN)
-        hook = getattr(self._worker, "onload", None)
-        # onload() undoes offload(): a worker that defines offload() is onloaded only after it offloaded
-        if onload and callable(hook) and (self._offloaded or not callable(getattr(self._worker, "offload", None))):
-            self._offloaded = False
-            try:
-                with span("onload", MEMORY):
-                    hook()
-            except BaseException:
-                self.leave()
-                raise
 
-    def _acquire(self, timeout: float | None) -> bool:
+    def _acquire(self, timeout: float | None, left: float | None) -> bool:
         connection = self._arbiter()
         self._held_remotely = connection is not None
         if connection is None:
             return False
         try:
-            answer = connection.ask({"op": "acquire", "units": self._units, "timeout": timeout})
+            answer = connection.ask({"op": "acquire", "units": self._units, "timeout": left})
         except OSError as exc:
             raise self._lost(exc) from None
         if not answer["granted"]:
@@ -135,14 +147,25 @@ class Turns:
         return bool(answer["onload"])
 
     def leave(self) -> None:
+        """Leave the turn; the last of the worker's nested or shared turns releases it (offloading when asked)."""
         with self._changed:
             self._depth -= 1
             if self._depth:
                 return
+            self._busy = True  # until the arbiter has it back: a thread entering meanwhile waits, then asks anew
         end(self._held)
+        try:
+            self._release()
+        finally:
+            with self._changed:
+                self._busy = False
+                self._changed.notify_all()
+
+    def _release(self) -> None:
         connection = self._connection
         if connection is None or not self._held_remotely:
             return
+        self._held_remotely = False
         hook = getattr(self._worker, "offload", None)
         try:
             if connection.ask({"op": "release", "hooks": callable(hook)})["offload"]:
@@ -155,6 +178,10 @@ class Turns:
                     connection.ask({"op": "released"})
         except OSError as exc:
             raise self._lost(exc) from None
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _units(units: list[list[Any]]) -> str:
@@ -177,8 +204,22 @@ class Turn:
         self._turns.leave()
 
     async def __aenter__(self) -> Turn:
-        await asyncio.to_thread(self._turns.enter, self._timeout)
+        # a thread cannot be stopped: a cancelled wait leaves it waiting, and leaves the turn once it has it
+        entering = asyncio.ensure_future(asyncio.to_thread(self._turns.enter, self._timeout))
+        try:
+            await asyncio.shield(entering)
+        except asyncio.CancelledError:
+            entering.add_done_callback(self._leave_if_entered)
+            raise
         return self
+
+    def _leave_if_entered(self, entering: asyncio.Future[None]) -> None:
+        if not entering.cancelled() and entering.exception() is None:
+            threading.Thread(target=self._leave_quietly, daemon=True, name="hwplace-turn-leave").start()
+
+    def _leave_quietly(self) -> None:
+        with contextlib.suppress(WorkerError):  # the arbiter is gone: nothing is held
+            self._turns.leave()
 
     async def __aexit__(self, kind: type[BaseException] | None, value: BaseException | None,
                         traceback: TracebackType | None) -> None:

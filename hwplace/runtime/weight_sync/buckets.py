@@ -9,7 +9,8 @@ zlib's CRC-32 at 6 GB/s and SHA-256's 1.2 to 1.8 GB/s, which made hashing most o
 CRC-32 where ``xxhash`` is not installed. Either catches corrupted and partial transfers (all but one in
 2**128, resp. 2**32, of random corruptions); neither is a defence against tampering. A receiver checks whichever
 algorithm the digest names (``xxh128:``, ``crc32:``, ``sha256:``). :func:`layout` and :func:`digest` are pure;
-packing needs numpy (always there with torch or Ray). Imports the foundation.
+packing needs numpy (always there with torch or Ray). Imports the foundation and the communicator's
+``byte_view``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from hwplace.foundation.errors import WeightSyncError
 from hwplace.foundation.wording import safe_repr
+from hwplace.runtime.messaging.communicator import byte_view
 
 try:  # optional: xxhash, which the ray and torch extras bring
     import xxhash
@@ -43,13 +45,14 @@ INLINE_BYTES = 4 * 2**20  # a version up to this size is packed whole before it 
 class Entry:
     """Where one tensor of a state dict lies: its bucket, offset and size in bytes, and how to rebuild it."""
 
-    name: str
-    kind: str  # "torch" or "numpy"
-    dtype: str
+    name: str | int
+    kind: str  # "torch", "parameter" (an nn.Parameter) or "numpy"
+    dtype: Any  # torch: the dtype's name ("float32"); numpy: the dtype string, or the dtype itself when it has fields
     shape: tuple[int, ...]
     bucket: int
     offset: int
     nbytes: int
+    requires_grad: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class Weights:
     """One version of the source's weights, as a target got them: ``version`` and read-only ``tensors``."""
 
     version: int
-    tensors: Mapping[str, Any]
+    tensors: Mapping[str | int, Any]
 
 
 def layout(sizes: Sequence[int], bucket_bytes: int,
@@ -118,34 +121,87 @@ def digest(buffer: Any, algorithm: str = DEFAULT_DIGEST) -> str:
     raise WeightSyncError(f"unknown digest algorithm {algorithm!r}; {', '.join(DIGESTS)}")
 
 
-def flat_bytes(name: str, value: Any) -> tuple[str, str, tuple[int, ...], Any]:
-    """``(kind, dtype, shape, uint8 array)`` of a tensor (moved to host memory) or a numpy array, without a copy
-    where it is already contiguous in host memory."""
+def check_state_dict(state_dict: Mapping[Any, Any]) -> None:
+    """Refuse, by key, what a weight sync cannot carry exactly: a key that is neither a string nor an int, and a
+    value :func:`carried` refuses. ``publish`` calls it before it lays anything down."""
+    if not isinstance(state_dict, Mapping):
+        raise WeightSyncError(f"publish takes a mapping of names to tensors, got {safe_repr(state_dict)}")
+    for name, value in state_dict.items():
+        if not isinstance(name, (str, int)):
+            raise WeightSyncError(f"state dict key {safe_repr(name)} is a {type(name).__name__}; a weight sync's keys "
+                                  "are strings (or ints), kept as they are")
+        carried(name, value)
+
+
+def carried(name: Any, value: Any) -> Any:
+    """``value`` as it travels: a numpy array, or a dense torch tensor with its conjugate and negative bits
+    resolved (the same values); ``WeightSyncError`` naming ``name`` for what would not arrive as it left."""
     import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
+    what = f"state dict entry {name!r}"
     if isinstance(value, np.ndarray):
-        array = np.ascontiguousarray(value)
-        return "numpy", array.dtype.str, tuple(array.shape), array.reshape(-1).view(np.uint8)
+        if isinstance(value, np.ma.MaskedArray):
+            raise WeightSyncError(f"{what} is a masked numpy array, whose mask would be lost; send value.filled() "
+                                  "or its data and mask as two entries")
+        if value.dtype.hasobject:
+            raise WeightSyncError(f"{what} is a numpy array of Python objects ({value.dtype}); a weight sync carries "
+                                  "numbers: send it with hwplace's send/recv, which pickle")
+        return value
     if type(value).__module__.startswith("torch") and hasattr(value, "detach"):
         import torch  # noqa: PLC0415 (optional: torch)
 
-        tensor = value.detach().cpu().contiguous()
-        flat = tensor.reshape(-1).view(torch.uint8)
-        return "torch", str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), flat.numpy()
-    raise WeightSyncError(f"state dict entry {name!r} is {safe_repr(value)}; a weight sync carries torch tensors "
-                          "and numpy arrays")
+        if not isinstance(value, torch.Tensor):
+            raise WeightSyncError(f"{what} is {safe_repr(value)}; a weight sync carries torch tensors and numpy "
+                                  "arrays")
+        if value.is_meta:
+            raise WeightSyncError(f"{what} is a meta tensor, which holds no data; publish materialized weights")
+        if value.is_quantized:
+            raise WeightSyncError(f"{what} is a quantized tensor ({value.dtype}), whose scale and zero point would "
+                                  "be lost; send value.dequantize(), or value.int_repr() and its scale as entries")
+        if value.layout != torch.strided or value.is_nested:
+            raise WeightSyncError(f"{what} is a {'nested' if value.is_nested else value.layout} tensor; a weight "
+                                  "sync carries dense tensors: send value.to_dense() (or its parts as entries)")
+        return value.resolve_conj().resolve_neg() if value.is_conj() or value.is_neg() else value
+    raise WeightSyncError(f"{what} is {safe_repr(value)}; a weight sync carries torch tensors and numpy arrays")
+
+
+def flat_bytes(name: Any, value: Any) -> tuple[str, Any, tuple[int, ...], Any, bool]:
+    """``(kind, dtype, shape, uint8 array, requires_grad)`` of a tensor (moved to host memory) or a numpy array,
+    without a copy where it is already contiguous in host memory. ``kind`` is ``"numpy"`` (``dtype``: numpy's
+    dtype string, or the dtype itself when it has fields), ``"torch"`` or ``"parameter"`` (an ``nn.Parameter``)."""
+    import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
+
+    value = carried(name, value)
+    if isinstance(value, np.ndarray):
+        array = value if value.flags.c_contiguous else np.ascontiguousarray(value)  # keeps a 0-dim array's shape
+        dtype = array.dtype if array.dtype.fields else array.dtype.str
+        return "numpy", dtype, tuple(value.shape), array.reshape(-1).view(np.uint8), False
+    import torch  # noqa: PLC0415 (optional: torch)
+
+    kind = "parameter" if isinstance(value, torch.nn.Parameter) else "torch"
+    tensor = value.detach().cpu()
+    return kind, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), byte_view(tensor).numpy(), \
+        value.requires_grad
+
+
+def rebuilt(tensor: Any, kind: str, requires_grad: bool) -> Any:
+    """A received torch tensor as it left: an ``nn.Parameter`` when ``kind`` says so, with its ``requires_grad``."""
+    if kind == "parameter":
+        import torch  # noqa: PLC0415 (optional: torch)
+
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    return tensor.requires_grad_(True) if requires_grad else tensor
 
 
 def pack(state_dict: Mapping[str, Any], bucket_bytes: int) -> tuple[list[Entry], Iterator[tuple[Any, str]]]:
     """The entries of ``state_dict`` and an iterator over its buckets with their digests, filled one at a time."""
     import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
-    if not isinstance(state_dict, Mapping):
-        raise WeightSyncError(f"publish takes a mapping of names to tensors, got {safe_repr(state_dict)}")
-    flats = [(str(name), *flat_bytes(str(name), value)) for name, value in state_dict.items()]
+    check_state_dict(state_dict)
+    flats = [(name, *flat_bytes(name, value)) for name, value in state_dict.items()]
     places, sizes = layout([f[4].nbytes for f in flats], bucket_bytes, min(ALONE_BYTES, bucket_bytes))
-    entries = [Entry(name, kind, dtype, shape, b, off, flat.nbytes)
-               for (name, kind, dtype, shape, flat), (b, off) in zip(flats, places, strict=True)]
+    entries = [Entry(name, kind, dtype, shape, b, off, flat.nbytes, grad)
+               for (name, kind, dtype, shape, flat, grad), (b, off) in zip(flats, places, strict=True)]
 
     def filled() -> Iterator[Any]:
         start = 0
@@ -180,11 +236,11 @@ def check(buckets: Sequence[Any], digests: Sequence[str], what: str) -> None:
                                   "or partial); the previous version stays the latest")
 
 
-def unpack(entries: Sequence[Entry], buckets: Sequence[Any]) -> dict[str, Any]:
+def unpack(entries: Sequence[Entry], buckets: Sequence[Any]) -> dict[str | int, Any]:
     """The state dict back from checked buckets: views into them (no copy), torch tensors or numpy arrays."""
     import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
-    out: dict[str, Any] = {}
+    out: dict[str | int, Any] = {}
     torch: Any = None
     for entry in entries:
         raw = np.asarray(buckets[entry.bucket])[entry.offset : entry.offset + entry.nbytes]
@@ -198,5 +254,6 @@ def unpack(entries: Sequence[Entry], buckets: Sequence[Any]) -> dict[str, Any]:
         with warnings.catch_warnings():  # object-store buffers are read-only; the tensors are only read
             warnings.simplefilter("ignore", UserWarning)
             flat = torch.from_numpy(raw) if raw.size else torch.empty(0, dtype=torch.uint8)
-        out[entry.name] = flat.view(getattr(torch, entry.dtype)).reshape(entry.shape)
+        out[entry.name] = rebuilt(flat.view(getattr(torch, entry.dtype)).reshape(entry.shape), entry.kind,
+                                  entry.requires_grad)
     return out

@@ -36,7 +36,7 @@ from typing import Any
 from hwplace.foundation.errors import WeightSyncError
 from hwplace.foundation.wording import safe_repr
 from hwplace.runtime.messaging.communicator import torch_module
-from hwplace.runtime.weight_sync.buckets import aligned
+from hwplace.runtime.weight_sync.buckets import aligned, carried, rebuilt
 from hwplace.runtime.weight_sync.slot_lock import LockRef, SlotLock, reading
 
 ALIGN = 256  # each tensor starts at a multiple of this many bytes in a slot
@@ -106,11 +106,13 @@ KINDS: dict[str, ShareKind] = {"cuda": CUDA, "cpu": CPU}
 class SlotEntry:
     """One tensor in a slot: its name, dtype (``float32``), shape, and bytes ``[offset, offset + nbytes)``."""
 
-    name: str
+    name: str | int
     dtype: str
     shape: tuple[int, ...]
     offset: int
     nbytes: int
+    kind: str = "torch"  # or "parameter": an nn.Parameter, rebuilt as one
+    requires_grad: bool = False
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,7 @@ class SlotWriter:
         if not self._closed.alive:
             raise WeightSyncError(f"weight sync version {version}: the device slots are closed")
         device = _source_device(tensors)
-        values = [t.detach() for t in tensors.values()]
+        values = [carried(name, t).detach() for name, t in tensors.items()]
         sizes = [t.numel() * t.element_size() for t in values]
         offsets, used = slot_layout(sizes)
         index = 0 if self._newest is None else 1 - self._newest
@@ -267,8 +269,9 @@ class SlotWriter:
             for name, value, offset, size in zip(tensors, values, offsets, sizes, strict=True):
                 if size:
                     slot.buffer[offset : offset + size].view(value.dtype).view(value.shape).copy_(value)
-                entries.append(SlotEntry(str(name), str(value.dtype).removeprefix("torch."), tuple(value.shape),
-                                         offset, size))
+                entries.append(SlotEntry(name, str(value.dtype).removeprefix("torch."), tuple(value.shape), offset,
+                                         size, "parameter" if isinstance(tensors[name], torch.nn.Parameter)
+                                         else "torch", tensors[name].requires_grad))
             physical, uuid = -1, ""
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -292,14 +295,16 @@ class SlotWriter:
         self._closed()
 
 
-def views(descriptor: SlotDescriptor, data: Any) -> dict[str, Any]:
-    """The tensors of ``descriptor``'s entries as views of ``data`` (its bytes), in their order."""
+def views(descriptor: SlotDescriptor, data: Any) -> dict[str | int, Any]:
+    """The tensors of ``descriptor``'s entries as views of ``data`` (its bytes), in their order (an
+    ``nn.Parameter`` rebuilt as one)."""
     torch = torch_module()
     out = {}
     for e in descriptor.entries:
         dtype = getattr(torch, e.dtype)
-        out[e.name] = (data[e.offset : e.offset + e.nbytes].view(dtype).view(e.shape) if e.nbytes
-                       else torch.empty(e.shape, dtype=dtype, device=data.device))
+        tensor = (data[e.offset : e.offset + e.nbytes].view(dtype).view(e.shape) if e.nbytes
+                  else torch.empty(e.shape, dtype=dtype, device=data.device))
+        out[e.name] = rebuilt(tensor, e.kind, e.requires_grad)
     return out
 
 
@@ -313,7 +318,7 @@ class SlotReader:
         self.visible = None if visible is None else tuple(visible)
         self._mapped: dict[int, tuple[str, int, Any]] = {}  # slot: (writer, generation, uint8 tensor)
 
-    def read(self, descriptor: SlotDescriptor, into: Any = None) -> dict[str, Any]:
+    def read(self, descriptor: SlotDescriptor, into: Any = None) -> dict[str | int, Any]:
         """The version ``descriptor`` names, as tensors on this process's own device that view a private copy
         (the source may overwrite its slot afterwards): ``into`` (a flat uint8 tensor on that device, reused when
         it is large enough) or a new buffer. See :meth:`held` for what it raises; ``into`` is written only once

@@ -4,10 +4,13 @@ The receiver (:class:`~hwplace.runtime.weight_sync.links.Receiver`) keeps the ne
 ``load_into`` take it, by the transport its ``where`` names (:mod:`hwplace.runtime.weight_sync.transports`), in the
 caller's thread: nothing is copied behind the caller's back (on a shared GPU, never while the trainer holds its
 turn). A version whose slot or segment holds a newer one by then is skipped for that one; a version that does not
-match its digests is a ``WeightSyncError``, once, and the previous one stays the latest. The target keeps the
-newest version it took; a same-device version is copied into the buffer of the one before when nothing else
-holds that any more, and ``load_into`` copies one straight from the source's slot into the module. Imports the
-layers below and the room's buckets, device-share, links and transports modules.
+match its digests is a ``WeightSyncError``, once, and the previous one stays the latest; while a version of at
+least ``min_version`` is awaited, older ones are not taken. The target keeps the newest version it took, and
+each ``latest()`` call gets tensors of its own: copy-on-write views of a version in host memory
+(:class:`~hwplace.runtime.weight_sync.transports.HostVersion`), a copy from the source's slot of a same-device
+one, into the buffer of the one before when nothing else holds that any more; ``load_into`` copies one
+straight from the source's slot into the module. Imports the layers below and the room's buckets,
+device-share, links and transports modules.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from typing import Any
 from hwplace.runtime.messaging.communicator import torch_module
 from hwplace.runtime.weight_sync.buckets import Weights
 from hwplace.runtime.weight_sync.device_share import SlotDescriptor, TornRead, views
-from hwplace.runtime.weight_sync.links import Announcement, Follows, Receiver
-from hwplace.runtime.weight_sync.transports import OtherNode, SameDevice, SameNode
+from hwplace.runtime.weight_sync.links import Announcement, Receiver
+from hwplace.runtime.weight_sync.transports import HostVersion, OtherNode, SameDevice, SameNode
 
 
 class Intake:
@@ -33,16 +36,21 @@ class Intake:
         self.same_device = same_device
         self.same_node = same_node
         self._lock = threading.Lock()  # one taker at a time
-        self._kept: Weights | None = None
+        self._host: HostVersion | None = None  # the kept version, when it lies in host memory
+        self._kept: Weights | None = None  # the kept version, when it is a copy on this process's device
         self._kept_note: Announcement | None = None
         self._buffer: Any = None  # the device buffer the kept same-device version lies in
         self._seen = 0  # the newest version taken or tried
 
     def latest(self, min_version: int, timeout: float | None) -> Weights:
-        """The newest version that is intact, waiting (up to ``timeout`` s) for one at least ``min_version``."""
+        """The newest version that is intact, waiting (up to ``timeout`` s) for one at least ``min_version``: tensors
+        of the caller's own (writing into them changes neither the kept version nor another call's)."""
         with self._lock:
             self._take(max(min_version, 1), timeout, None)
+            if self._host is not None:
+                return self._host.weights()  # copy-on-write views of the kept bytes
             assert self._kept is not None
+            self._seen = min(self._seen, self._kept.version - 1)  # the next call copies it anew from the slot
             return self._kept
 
     def load_into(self, module: Any, min_version: int, timeout: float | None) -> int:
@@ -50,42 +58,64 @@ class Intake:
         with self._lock:
             return self._take(max(min_version, 1), timeout, module)
 
+    def _have(self) -> int:
+        kept = self._host or self._kept
+        return 0 if kept is None else kept.version
+
     def _take(self, wanted: int, timeout: float | None, module: Any) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            have = self._kept.version if self._kept is not None else 0
+            have = self._have()
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            got = self.receiver.newest(self._seen, wait if have < wanted else 0)
+            # a version below ``wanted`` is not taken while one at least ``wanted`` is awaited: not copied, and a
+            # corrupted one that a newer version superseded on its way is no error of this call
+            got = self.receiver.newest(self._seen, 0) if have >= wanted else \
+                self.receiver.newest(max(self._seen, wanted - 1), wait)
             if got is None:
                 if have >= wanted:
                     if module is not None:
-                        module.load_state_dict(dict(self._kept.tensors))  # type: ignore[union-attr]
+                        module.load_state_dict(dict(self._current().tensors))
                     return have
                 raise TimeoutError(f"weight sync {self.name!r}: no version >= {wanted} within {timeout:g} s"
                                    if timeout is not None else f"weight sync {self.name!r}: no version >= {wanted}")
-            note, buffers = got
+            note, held = got
             self._seen = note.version
             if isinstance(note.where, SlotDescriptor) and module is not None:
                 try:
                     self.same_device.load(note.where, module)
                 except TornRead:
                     continue  # a newer version is on its way
-                self._kept, self._kept_note, self._buffer = None, None, None  # the module holds it now
+                self._forget()  # the module holds it now
                 self._seen = note.version - 1  # latest() copies it, if asked before a newer one comes
                 return note.version
-            weights = self._taken(note, buffers)
-            if weights is not None:
-                self._kept, self._kept_note = weights, note
-                if module is not None and weights.version >= wanted:
-                    module.load_state_dict(dict(weights.tensors))
-                    return weights.version
+            if isinstance(note.where, SlotDescriptor):
+                taken = self._taken_slot(note)
+            else:
+                host = OtherNode.take(note, held) if held is not None else self.same_node.take(note)
+                if host is not None:
+                    self._forget()
+                    self._host = host
+                taken = host is not None
+            if taken and module is not None and note.version >= wanted:
+                module.load_state_dict(dict(self._current().tensors))
+                return note.version
 
-    def _taken(self, note: Announcement, buffers: list[Any] | None) -> Weights | None:
-        """The version ``note`` announces, checked; None when a newer one has taken its place already."""
-        if isinstance(note.where, Follows):
-            return OtherNode.take(note, buffers)
-        if not isinstance(note.where, SlotDescriptor):
-            return self.same_node.take(note)
+    def _current(self) -> Weights:
+        """The kept version (host memory: copy-on-write views of it)."""
+        if self._host is not None:
+            return self._host.weights()
+        assert self._kept is not None
+        return self._kept
+
+    def _forget(self) -> None:
+        """Let go of the kept version."""
+        if self._host is not None:
+            self._host.close()
+        self._host, self._kept, self._kept_note, self._buffer = None, None, None, None
+
+    def _taken_slot(self, note: Announcement) -> bool:
+        """Copy the same-device version ``note`` announces and keep it; False when a newer one has taken its slot."""
+        assert isinstance(note.where, SlotDescriptor)
         into = self._free_buffer()
         weights = None
         try:
@@ -95,9 +125,11 @@ class Intake:
         finally:
             if weights is None and into is not None:  # not taken: the kept version still lies in the buffer
                 self._keep_buffered()
-        if weights is not None:
-            self._buffer = _base(weights)
-        return weights
+        if weights is None:
+            return False
+        self._forget()
+        self._kept, self._kept_note, self._buffer = weights, note, _base(weights)
+        return True
 
     def _free_buffer(self) -> Any:
         """The kept same-device version's buffer, when nothing but this intake holds it any more (the kept version
@@ -122,7 +154,7 @@ class Intake:
         """Let go of the link, the kept version and every mapping."""
         with self._lock:
             self.receiver.close()
-            self._kept, self._kept_note, self._buffer = None, None, None
+            self._forget()
             self.same_device.close()
             self.same_node.close()
 

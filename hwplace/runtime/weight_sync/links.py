@@ -14,7 +14,8 @@ a large version's digests follow its buckets, taken as they are sent: one bucket
 bucket to all of them at once; a link whose target has not joined yet gets it from its own thread once it
 has (the newest version offered: versions offered meanwhile are skipped, never mixed). A link that breaks names
 its target. A :class:`Receiver` thread on each target takes announcements as they come (and the buckets that
-follow one) and keeps the newest; the target takes the version from where it lies when it asks. Imports the
+follow one, received into a file of the target: :func:`~hwplace.runtime.weight_sync.segments.receiving`) and
+keeps the newest; the target takes the version from where it lies when it asks. Imports the
 layers below, the communicator, and the records of the segments and device-share modules.
 """
 
@@ -35,7 +36,7 @@ from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import connect, find_entry, torch_module
 from hwplace.runtime.weight_sync.buckets import Entry
 from hwplace.runtime.weight_sync.device_share import SlotDescriptor
-from hwplace.runtime.weight_sync.segments import SegmentRef
+from hwplace.runtime.weight_sync.segments import HeldFile, SegmentRef, receiving
 
 HEAD_BYTES = 8 * 1024  # an announcement travels in one broadcast of this size when its pickle fits
 ANNOUNCED_BYTES = 2 * 1024  # a version up to this size travels inside its announcement to the source's node
@@ -72,11 +73,14 @@ class Announcement:
     lengths: tuple[int, ...] = ()
 
 
-def _connect(key: str, members: tuple[Member, ...], context: WorkerContext) -> Any:
+def _connect(key: str, members: tuple[Member, ...], context: WorkerContext, waiting: Callable[[], bool]) -> Any:
+    """The link's communicator, its two ends waiting for each other without bound while ``waiting()``: a
+    target may ask long before the source's first version, or the source publish long before a target asks."""
     executor = session().executor
     address = find_entry(executor, context.group).addresses[context.rank]
     rendezvous = session().require(Rendezvous, "weight sync")
-    return connect(rendezvous, key, members, members.index((context.group, context.rank)), address, None)
+    return connect(rendezvous, key, members, members.index((context.group, context.rank)), address, None,
+                   waiting=waiting)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -158,7 +162,7 @@ class Link:
 
     def _run(self, key: str, members: tuple[Member, Member], context: WorkerContext) -> None:
         try:
-            comm = _connect(key, members, context)
+            comm = _connect(key, members, context, lambda: not self.closed)
             with self.lock:
                 if self.closed:
                     _abort(comm)
@@ -240,6 +244,17 @@ def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) ->
             link.sent = note.version
 
 
+def _received(comm: Any, lengths: Sequence[int], torch: Any) -> HeldFile:
+    """The buckets that follow an announcement, received into a file of this process (:func:`receiving`)."""
+    fill, held = receiving(lengths)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        for buffer in fill:
+            if buffer.nbytes:
+                comm.gloo.broadcast(torch.from_numpy(buffer), 0).wait()
+    return held
+
+
 class Receiver:
     """A target's end of its link: takes announcements as they come (with the buckets that follow one) and keeps
     the newest for the target to take when it asks."""
@@ -247,7 +262,7 @@ class Receiver:
     def __init__(self, name: str, key: str, members: tuple[Member, ...], context: WorkerContext) -> None:
         self.name = name
         self._changed = threading.Condition()
-        self._newest: tuple[Announcement, list[Any] | None] | None = None
+        self._newest: tuple[Announcement, HeldFile | None] | None = None
         self._error: HwplaceError | None = None
         self._closed = False
         self._comm: Any = None
@@ -257,24 +272,19 @@ class Receiver:
     def _run(self, key: str, members: tuple[Member, ...], context: WorkerContext) -> None:
         torch = torch_module()
         try:
-            self._comm = comm = _connect(key, members, context)
+            self._comm = comm = _connect(key, members, context, lambda: not self._closed)
             if self._closed:
                 _abort(comm)
                 return
             while True:
                 note: Announcement = recv_pickle(comm, torch)
-                buffers = None
+                held = None
                 if isinstance(note.where, Follows):
-                    buffers = []
-                    for length in note.lengths:
-                        buffer = torch.empty(length, dtype=torch.uint8)
-                        if length:
-                            comm.gloo.broadcast(buffer, 0).wait()
-                        buffers.append(buffer.numpy())
+                    held = _received(comm, note.lengths, torch)
                     if note.where.digests_follow:
                         note = replace(note, digests=recv_pickle(comm, torch))
                 with self._changed:
-                    self._newest = (note, buffers)
+                    self._newest = (note, held)
                     self._changed.notify_all()
         except BaseException as exc:
             with self._changed:
@@ -283,7 +293,7 @@ class Receiver:
                                                   f"({_first_line(exc)})")
                 self._changed.notify_all()
 
-    def newest(self, after: int, timeout: float | None) -> tuple[Announcement, list[Any] | None] | None:
+    def newest(self, after: int, timeout: float | None) -> tuple[Announcement, HeldFile | None] | None:
         """The newest announcement of a version after ``after`` (with its buckets when they followed it),
         waiting up to ``timeout`` s for one (None: without end); None when none came, the link's error when it
         broke."""

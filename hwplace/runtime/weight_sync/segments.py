@@ -2,16 +2,19 @@
 
 The source process owns a few segments (memfd files on Linux, files in the temp dir elsewhere) and writes each
 version into one of them, bucket after bucket: one copy per node, whatever the number of targets on it. A
-target maps the segment (``/proc/<source pid>/fd/<fd>``) and reads the version in place, without a copy; the
-mapping is kept for the next version the segment holds, so its pages are set up once.
+target opens the segment (``/proc/<source pid>/fd/<fd>``) and maps it copy-on-write (``MAP_PRIVATE``) for each
+caller: the version is read in place, without a copy, and a caller that writes into its tensors gets private
+copies of the pages it writes, never changing the segment. A target's received buckets (from another node)
+lie in a file of its own, mapped the same way (:func:`receiving`).
 
 Lifetime is a file lock per segment. A target holds a shared lock on it for as long as any tensor of the
 version it read is alive (a finalizer on the version's buffer lets go); the source rewrites a segment only
 under an exclusive lock, which it can take only when no target holds the segment, and otherwise takes
 another or makes a new one. A segment carries the version it holds, written last: a target that locks a
 segment the source has since rewritten sees another version and skips it (a newer one is on its way). A
-process that dies lets go of its locks, and a segment is freed when its source and every mapping are gone:
-nothing is left behind. Imports the foundation and :mod:`hwplace.runtime.weight_sync.buckets`; numpy on first use.
+process that dies lets go of its locks, and a segment is freed when its source and every mapping are gone: a
+target maps a segment only while it holds a version in it, so nothing is left behind. Imports the foundation
+and :mod:`hwplace.runtime.weight_sync.buckets`; numpy on first use.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import mmap
 import os
 import struct
 import tempfile
-import threading
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -35,7 +37,6 @@ HEADER = 64  # bytes before the first bucket: a magic number, then the version t
 ALIGN = 64  # each bucket starts at a multiple of this
 MAGIC = 0x68777073_79_6E_63  # "hwpsync"
 STAMP = struct.Struct("<qq")  # magic, version (0 while the source writes)
-KEPT_MAPPINGS = 8  # a target keeps at most this many segments mapped
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,7 @@ class _Segment:
     def __init__(self, capacity: int, name: str) -> None:
         self.capacity = capacity
         self.version = 0
-        if hasattr(os, "memfd_create"):
-            self.fd, self.path = os.memfd_create(name, os.MFD_CLOEXEC), ""
-        else:  # pragma: no cover - not Linux
-            self.fd, self.path = tempfile.mkstemp(prefix=f"{name}-")
+        self.fd, self.path = _new_file(name)
         try:
             os.ftruncate(self.fd, capacity)
             fcntl.flock(self.fd, fcntl.LOCK_EX)  # a new segment is the writer's until its first version is in
@@ -151,18 +149,86 @@ class SegmentPool:
         self._segments.clear()
 
 
-class SegmentReader:
-    """A target's side: maps the source's segments (kept mapped) and takes versions from them."""
+def _new_file(name: str) -> tuple[int, str]:
+    """A new file of this process: a memfd (path ``""``), or a file in the temp dir where there is none."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create(name, os.MFD_CLOEXEC), ""
+    return tempfile.mkstemp(prefix=f"{name}-")  # pragma: no cover - not Linux
 
-    def __init__(self) -> None:
-        self._maps: dict[tuple[int, int, str, int], mmap.mmap] = {}
-        self._lock = threading.Lock()
 
-    def take(self, ref: SegmentRef) -> list[Any] | None:
-        """The version's buckets (read-only views into the segment, held until they are all gone), or ``None``
-        when the segment has since been given to a newer version."""
+def _close_file(fd: int, path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    if path:  # pragma: no cover - not Linux
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+class HeldFile:
+    """A version's buckets in a file this process holds open: a source's segment (under a shared lock) or the
+    buckets a target received. Each :meth:`views` maps the file anew, copy-on-write (``MAP_PRIVATE``): the
+    views are writable, and what is written stays in the caller's own pages, never in the file, the source or
+    another caller's views. Each mapping keeps a duplicate of the descriptor, so the file (and its lock) stays
+    as long as this object or any view of it lives, and no longer: nothing is kept mapped after that."""
+
+    def __init__(self, fd: int, offsets: Sequence[int], lengths: Sequence[int], path: str = "") -> None:
+        self.fd = fd
+        self.offsets = tuple(offsets)
+        self.lengths = tuple(lengths)
+        self._closer = weakref.finalize(self, _close_file, fd, path)
+
+    def views(self) -> list[Any]:
+        """Each bucket as a writable uint8 array, copy-on-write over the file."""
         import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
+        array = np.frombuffer(mmap.mmap(self.fd, 0, access=mmap.ACCESS_COPY), dtype=np.uint8)
+        return [array[offset : offset + length] for offset, length in zip(self.offsets, self.lengths, strict=True)]
+
+    def close(self) -> None:
+        self._closer()
+
+
+class HeldBytes:
+    """A small version's buckets as bytes (from its announcement): each :meth:`views` is a copy of its own."""
+
+    def __init__(self, buckets: Sequence[bytes]) -> None:
+        self.buckets = tuple(buckets)
+
+    def views(self) -> list[Any]:
+        import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
+
+        return [np.frombuffer(bytearray(data), dtype=np.uint8) for data in self.buckets]
+
+    def close(self) -> None:
+        pass
+
+
+def receiving(lengths: Sequence[int]) -> tuple[list[Any], HeldFile]:
+    """A file of this process for buckets of ``lengths`` to be received into: writable views to fill (shared
+    with the file), and the file, held (:class:`HeldFile`) once they are filled and dropped."""
+    import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
+
+    offsets, size = offsets_of(lengths)
+    fd, path = _new_file("hwplace-wsync-received")
+    try:
+        os.ftruncate(fd, size)
+        mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+    except OSError as exc:
+        _close_file(fd, path)
+        raise WeightSyncError(f"cannot hold a {size:,}-byte version of a weight sync in this process's memory "
+                              f"({exc})") from None
+    array = np.frombuffer(mapping, dtype=np.uint8)
+    fill = [array[offset : offset + length] for offset, length in zip(offsets, lengths, strict=True)]
+    return fill, HeldFile(fd, offsets, lengths, path)
+
+
+class SegmentReader:
+    """A target's side: opens the source's segments and holds the version it takes. Nothing is kept mapped
+    beyond the views of a version, so a segment the source lets go is gone once the target drops that version."""
+
+    def hold(self, ref: SegmentRef) -> HeldFile | None:
+        """The version ``ref`` names, held (a shared lock on its segment, for as long as the returned file or a
+        view of it lives), or ``None`` when the segment has since been given to a newer version or let go."""
         path = ref.path or f"/proc/{ref.pid}/fd/{ref.fd}"
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -176,12 +242,7 @@ class SegmentReader:
             if os.fstat(fd).st_ino != ref.inode or not _try_lock(fd, fcntl.LOCK_SH):
                 os.close(fd)
                 return None  # another file now, or the source is writing a newer version into it
-            try:
-                mapping = self._mapping(ref, path)
-            except FileNotFoundError:
-                os.close(fd)
-                return None
-            magic, version = STAMP.unpack_from(mapping, 0)
+            magic, version = STAMP.unpack(os.pread(fd, STAMP.size, 0))
             if magic != MAGIC or version != ref.version:
                 os.close(fd)
                 return None
@@ -189,30 +250,13 @@ class SegmentReader:
             with contextlib.suppress(OSError):
                 os.close(fd)
             raise
-        held = np.frombuffer(mapping, dtype=np.uint8)
-        weakref.finalize(held, os.close, fd)  # the shared lock lasts as long as a view of this version
-        return [held[offset : offset + length] for offset, length in zip(ref.offsets, ref.lengths, strict=True)]
+        return HeldFile(fd, ref.offsets, ref.lengths)
 
-    def _mapping(self, ref: SegmentRef, path: str) -> mmap.mmap:
-        """The segment's mapping, made once. It is made from a file descriptor of its own: an mmap keeps a
-        duplicate of the descriptor it was made from, which would hold that descriptor's lock for good."""
-        key = (ref.pid, ref.fd, ref.path, ref.inode)
-        with self._lock:
-            mapping = self._maps.get(key)
-            if mapping is None:
-                populate = getattr(mmap, "MAP_POPULATE", 0)
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                try:
-                    if os.fstat(fd).st_ino != ref.inode:
-                        raise FileNotFoundError(path)
-                    mapping = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED | populate,
-                                        prot=mmap.PROT_READ)
-                finally:
-                    os.close(fd)
-                while len(self._maps) >= KEPT_MAPPINGS:  # views still in use keep theirs alive
-                    self._maps.pop(next(iter(self._maps)))
-                self._maps[key] = mapping
-            return mapping
+    def take(self, ref: SegmentRef) -> list[Any] | None:
+        """The version's buckets (writable copy-on-write views of the segment, which hold it until they are all
+        gone), or ``None`` as for :meth:`hold`."""
+        held = self.hold(ref)
+        return None if held is None else held.views()
 
 
 def _try_lock(fd: int, kind: int) -> bool:

@@ -20,13 +20,14 @@ from typing import Any
 
 from hwplace.contracts.capabilities import Rendezvous, require
 from hwplace.foundation.errors import ConfigError, WeightSyncError
+from hwplace.foundation.timeouts import wait_timeout
 from hwplace.foundation.trace import SYNC, WAIT, traced
 from hwplace.foundation.wording import safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.sync_plan import SAME_DEVICE, TRANSPORTS, SyncTarget, plan_sync
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import check_member, find_entry
-from hwplace.runtime.weight_sync.buckets import DEFAULT_BUCKET_BYTES, Weights
+from hwplace.runtime.weight_sync.buckets import DEFAULT_BUCKET_BYTES, Weights, check_state_dict
 from hwplace.runtime.weight_sync.intake import Intake
 from hwplace.runtime.weight_sync.links import Link, Receiver
 from hwplace.runtime.weight_sync.transports import SameDevice, SameNode, Source, choose, source_device
@@ -54,7 +55,7 @@ def _states() -> dict[str, _State]:
 _STATES_LOCK = threading.Lock()
 
 
-def state_bytes(state_dict: Mapping[str, Any]) -> int:
+def state_bytes(state_dict: Mapping[Any, Any]) -> int:
     """The bytes of a state dict's tensors and arrays (what a publish span notes, for profiles)."""
     return sum(int(getattr(value, "nbytes", 0)) for value in state_dict.values())
 
@@ -119,14 +120,17 @@ class WeightSync:
         return f"wsync/{self._uid}/{target.group}/{target.rank}"
 
     @traced("weights.publish", SYNC, lambda sync, state_dict: {"sync": sync.name, "bytes": state_bytes(state_dict)})
-    def publish(self, state_dict: Mapping[str, Any]) -> int:
-        """Send ``state_dict`` (names to torch tensors or numpy arrays) to every target; returns its version."""
+    def publish(self, state_dict: Mapping[Any, Any]) -> int:
+        """Send ``state_dict`` (names to torch tensors or numpy arrays) to every target; returns its version.
+
+        Keys are strings or ints, kept as they are; an ``nn.Parameter`` arrives as one. A value that would not
+        arrive as it left (a meta, sparse, nested or quantized tensor, an array of objects, a masked array) or
+        another key is a :class:`hwplace.WeightSyncError` naming the key, and nothing is sent."""
         context = session().worker_context("WeightSync.publish")
         if (context.group, context.rank) != (self.source, self.source_rank):
             raise WeightSyncError(f"weight sync {self.name!r}: publish runs on its source, group {self.source!r} "
                                   f"rank {self.source_rank}, not on group {context.group!r} rank {context.rank}")
-        if not isinstance(state_dict, Mapping):
-            raise WeightSyncError(f"publish takes a mapping of names to tensors, got {safe_repr(state_dict)}")
+        check_state_dict(state_dict)  # what cannot travel exactly is refused by key, before anything is sent
         state = self._state()
         with state.lock:
             self._check_open(state)
@@ -210,11 +214,12 @@ class WeightSync:
         """The newest version that arrived intact, waiting (up to ``timeout`` s) for one at least ``min_version``.
 
         A version whose buckets do not match their digests raises :class:`hwplace.WeightSyncError` (once); the
-        previous version stays the one returned.
+        previous version stays the one returned. ``timeout`` None or ``float("inf")`` waits without end; a bad one
+        (negative, NaN, not a number) is a :class:`hwplace.ConfigError` naming it.
         """
         if isinstance(min_version, bool) or not isinstance(min_version, int) or min_version < 0:
             raise WeightSyncError(f"min_version is a version number (0 or more), got {safe_repr(min_version)}")
-        return self._intake("WeightSync.latest").latest(min_version, timeout)
+        return self._intake("WeightSync.latest").latest(min_version, wait_timeout(timeout))
 
     def _intake(self, what: str) -> Intake:
         me = self._me(what)
@@ -235,4 +240,4 @@ class WeightSync:
         this GPU (``same-device``) is copied from the source's slot straight into the module's parameters."""
         if isinstance(min_version, bool) or not isinstance(min_version, int) or min_version < 0:
             raise WeightSyncError(f"min_version is a version number (0 or more), got {safe_repr(min_version)}")
-        return self._intake("WeightSync.load_into").load_into(module, min_version, timeout)
+        return self._intake("WeightSync.load_into").load_into(module, min_version, wait_timeout(timeout))

@@ -38,7 +38,7 @@ from hwplace.runtime.weight_sync.links import (
     buckets_of,
     fan_out,
 )
-from hwplace.runtime.weight_sync.segments import SegmentPool, SegmentReader, SegmentRef
+from hwplace.runtime.weight_sync.segments import HeldBytes, HeldFile, SegmentPool, SegmentReader, SegmentRef
 
 
 def source_device(state_dict: Mapping[str, Any], visible: Sequence[int] | None) -> int | None:
@@ -107,7 +107,7 @@ class SameNode:
     def __init__(self, uid: str) -> None:
         self.uid = uid
         self.segments: SegmentPool | None = None
-        self.reader: SegmentReader | None = None
+        self.reader = SegmentReader()
 
     def lay_down(self, version: int, entries: Sequence[Entry], lengths: Sequence[int],
                  buckets: Iterator[tuple[Any, str]], node: bool, keep: bool) -> tuple[Announcement, list[Any]]:
@@ -124,20 +124,17 @@ class SameNode:
         inline = InlineVersion(tuple(b.tobytes() for b in copies) if node else ())
         return Announcement(version, inline, tuple(entries), tuple(d for _, d in pairs), tuple(lengths)), copies
 
-    def take(self, note: Announcement) -> Weights | None:
+    def take(self, note: Announcement) -> HostVersion | None:
         """The version, checked; None when its segment has since been given to a newer version."""
-        import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
-
-        buffers: list[Any] | None
+        held: HeldFile | HeldBytes | None
         if isinstance(note.where, SegmentRef):
-            self.reader = self.reader or SegmentReader()
-            buffers = self.reader.take(note.where)
-            if buffers is None:
+            held = self.reader.hold(note.where)
+            if held is None:
                 return None
         else:
             assert isinstance(note.where, InlineVersion)
-            buffers = [np.frombuffer(data, dtype=np.uint8) for data in note.where.buckets]
-        return checked(note, buffers)
+            held = HeldBytes(note.where.buckets)
+        return checked(note, held)
 
     @property
     def count(self) -> int:
@@ -147,7 +144,6 @@ class SameNode:
     def close(self) -> None:
         if self.segments is not None:
             self.segments.close()
-        self.reader = None
 
 
 class OtherNode:
@@ -172,14 +168,39 @@ class OtherNode:
         return Announcement(note.version, Follows(), note.entries, note.digests, note.lengths)
 
     @staticmethod
-    def take(note: Announcement, buffers: list[Any] | None) -> Weights:
-        return checked(note, buffers or [])
+    def take(note: Announcement, held: HeldFile) -> HostVersion:
+        return checked(note, held)
 
 
-def checked(note: Announcement, buffers: Sequence[Any]) -> Weights:
+class HostVersion:
+    """A version in host memory as a target keeps it: its announcement and its bytes, held. Each
+    :meth:`weights` gives tensors of their own, copy-on-write views of those bytes: a caller that writes into
+    them changes neither the kept version nor what another call returned."""
+
+    def __init__(self, note: Announcement, held: HeldFile | HeldBytes, first: list[Any] | None = None) -> None:
+        self.note = note
+        self.held = held
+        self.version = note.version
+        self._first = first  # the views its digests were checked on: the first caller's
+
+    def weights(self) -> Weights:
+        views, self._first = self._first or self.held.views(), None
+        return Weights(self.version, MappingProxyType(unpack(self.note.entries, views)))
+
+    def close(self) -> None:
+        self.held.close()
+
+
+def checked(note: Announcement, held: HeldFile | HeldBytes) -> HostVersion:
     """A version in host memory, once every bucket matches its digest."""
-    check(buffers, note.digests, f"weight sync version {note.version}")
-    return Weights(note.version, MappingProxyType(unpack(note.entries, buffers)))
+    views = held.views()
+    try:
+        check(views, note.digests, f"weight sync version {note.version}")
+    except BaseException:
+        del views
+        held.close()
+        raise
+    return HostVersion(note, held, views)
 
 
 class Source:
