@@ -123,5 +123,5 @@ def not_held(describe: str, what: str, count: int, missing: int, why: str) -> Ch
     """The error of an acknowledgement (``what``: ``"ack"``, ``"put"``, ``"put_nowait"``) naming ``count``
     items, ``missing`` of which this process does not hold."""
     put = ", and the item was not put" if what != "ack" else ""
-    return ChannelNotHeld(f"{describe}: {what} acknowledges {count} item(s), but {missing} of them are not held by "
+    return ChannelNotHeld(f"{describe}: {what}: {missing} of the {count} item(s) it acknowledges are not held by "
                           f"this process ({why}); nothing was acknowledged{put}")
