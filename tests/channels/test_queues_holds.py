@@ -14,9 +14,9 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_queues import Replies, fill
 
 from hwplace.channels.queues import QueueStats, Status, Ticket, WeightedQueues
-from test_queues import Replies, fill
 
 A, B = "holder A", "holder B"  # holders are anything hashable: the host uses its connections
 
@@ -60,7 +60,8 @@ def test_a_held_get_batch_holds_each_item_under_its_own_id_in_order() -> None:
     fill(queues, replies, "q", [("a", 1), ("b", 2), ("c", 3)])
     ids, items = take(queues, replies, "batch", 3)
     assert items == ["a", "b"]
-    assert ids == sorted(ids) and len(set(ids)) == 2
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 2
     assert queues.stats("q").held == 2
     later, _ = take(queues, replies, "next")
     assert later[0] > ids[-1]  # ids grow: the order items were taken in
@@ -118,8 +119,10 @@ def test_a_put_with_acks_not_held_does_not_enter() -> None:
     ids, _ = take(queues, replies, "stage", name="in")
     queues.put("out", "result", 1.0, replies("put"), holder=B, acks=ids)
     assert replies.of("put") == [(Status.NOT_HELD, 1)]
-    assert queues.stats("out").puts == 0 and queues.qsize("out") == 0
-    assert queues.stats("in").held == 1 and gone == []
+    assert queues.stats("out").puts == 0
+    assert queues.qsize("out") == 0
+    assert queues.stats("in").held == 1
+    assert gone == []
 
 
 def test_a_put_with_acks_on_a_full_queue_keeps_the_holds_until_it_enters_then_does_both() -> None:
@@ -147,7 +150,8 @@ def test_a_waiting_put_whose_holds_were_acknowledged_meanwhile_does_not_enter() 
     queues.ack(A, ids, replies("ack"))
     queues.get("out", replies("make room"))
     assert replies.of("put") == [(Status.NOT_HELD, 1)]
-    assert queues.qsize("out") == 0 and queues.stats("out").puts == 1
+    assert queues.qsize("out") == 0
+    assert queues.stats("out").puts == 1
 
 
 def test_a_cancelled_put_with_acks_acknowledges_nothing() -> None:
@@ -206,10 +210,13 @@ def test_release_drops_the_holders_waiting_put_and_gives_back_what_it_would_have
     fill(queues, replies, "out", [("x", 1)])
     ids, _ = take(queues, replies, "stage", name="in")
     ticket = queues.put("out", "result", 1.0, replies("put"), holder=A, acks=ids)
+    assert isinstance(ticket, Ticket)
     queues.release(A, [ticket])
     queues.get("out", replies("make room"))
-    assert queues.qsize("out") == 0 and queues.stats("out").puts == 1
-    assert queues.qsize("in") == 1 and queues.stats("in").redelivered == 1
+    assert queues.qsize("out") == 0
+    assert queues.stats("out").puts == 1
+    assert queues.qsize("in") == 1
+    assert queues.stats("in").redelivered == 1
 
 
 def test_redelivered_items_go_past_maxsize_and_serve_a_waiting_getter_first() -> None:
@@ -244,7 +251,8 @@ def test_a_released_holder_holds_nothing_and_acknowledges_nothing() -> None:
     queues.release(A)  # twice: nothing more goes back
     queues.ack(A, ids, replies("late"))
     assert replies.of("late") == [(Status.NOT_HELD, 1)]
-    assert queues.qsize("q") == 1 and queues.stats("q").redelivered == 1
+    assert queues.qsize("q") == 1
+    assert queues.stats("q").redelivered == 1
 
 
 def test_unhold_gives_back_items_a_getter_never_had_as_never_taken() -> None:
