@@ -153,7 +153,8 @@ class WeightedQueues:
             return ticket
         queue.items.append((item, weight, version))
         self._count(name, PUTS)
-        self._acknowledge(acks)
+        if acks:
+            self._acknowledge(acks)
         reply(Status.OK, None)
         self._settle(queue)
         self._forget_if_idle(name, queue)
@@ -202,7 +203,11 @@ class WeightedQueues:
                     continue
                 if getter.target is None:
                     queue.getters.popleft()
-                    self._hand_out(getter, [entry])
+                    if getter.holder is None:
+                        self._count(getter.queue, GETS)
+                        getter.resolve(Status.OK, item)
+                    else:
+                        self._hand_out(getter, [entry])
                     continue
                 getter.taken.append(entry)
                 getter.gathered += weight
@@ -218,16 +223,17 @@ class WeightedQueues:
                     continue
                 queue.items.append((putter.item, putter.weight, putter.version))
                 self._count(putter.queue, PUTS)
-                self._acknowledge(putter.acks)
+                if putter.acks:
+                    self._acknowledge(putter.acks)
                 putter.resolve(Status.OK)
 
     def _hand_out(self, getter: Ticket, entries: list[Entry]) -> None:
         self._count(getter.queue, GETS, len(entries))
         items = [item for item, _, _ in entries]
-        if getter.holder is not None:
-            getter.resolve(Status.OK, (self._hold(getter.holder, getter.queue, entries), items))
+        if getter.holder is None:
+            getter.resolve(Status.OK, items)  # a get_batch's: a plain get's is handed out in _settle
         else:
-            getter.resolve(Status.OK, items[0] if getter.target is None else items)
+            getter.resolve(Status.OK, (self._hold(getter.holder, getter.queue, entries), items))
 
     def _stale(self, name: str, item: Any) -> None:
         self._count(name, STALE)
@@ -310,12 +316,8 @@ class WeightedQueues:
             if ticket.done:
                 continue
             queue = self._queue(ticket.queue)
-            if ticket in queue.putters:
-                queue.putters.remove(ticket)
-            else:
-                queue.getters.remove(ticket)
-                back.setdefault(ticket.queue, []).extend(ticket.taken)
-            back.setdefault(ticket.queue, [])
+            (queue.putters if ticket in queue.putters else queue.getters).remove(ticket)
+            back.setdefault(ticket.queue, []).extend(ticket.taken)  # what a get_batch gathered; a put has none
             ticket.resolve(Status.TIMEOUT)
         for name, entries in back.items():
             queue = self._queue(name)

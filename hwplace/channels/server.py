@@ -55,8 +55,6 @@ from hwplace.channels.wire import (
     unpack_holds,
 )
 
-_PUTS = frozenset({PUT, PUT_NOWAIT, PUT_ACK, PUT_NOWAIT_ACK})
-
 
 class ChannelServer:
     """Serves one channel's queues to its clients; runs on the host's event loop.
@@ -184,40 +182,21 @@ class _Connection(asyncio.Protocol):
             self.reply(rid, BAD_REQUEST, b"the queue name is not UTF-8")
             return
         queues = self.server.queues
-        acks: list[int] = []
-        if op in (PUT_ACK, PUT_NOWAIT_ACK, ACK, UNHOLD):
-            try:
-                acks, at = unpack_holds(payload)
-            except struct.error:
-                self.reply(rid, BAD_REQUEST, b"malformed hold ids")
-                return
-            payload = payload[at:]
+        if op >= GET_HELD:  # items held until acknowledged: apart, so that plain requests pay nothing for them
+            self._held(op, rid, queue, number, timeout, tag, payload)
+            return
 
         def answer(status: Status, value: Any) -> None:
-            if status is not Status.OK:
-                if op in _PUTS:
-                    self.server.drop([payload])
-                if status is Status.NOT_HELD:
-                    value = LENGTH.pack(value)
-            elif op in HELD_GETS:
-                ids, items = value
-                value = [pack_holds(ids), *items]
+            if status is not Status.OK and op in (PUT, PUT_NOWAIT):
+                self.server.drop([payload])
             self.reply(rid, status, value)
 
-        if op in _PUTS:
-            block = op in (PUT, PUT_ACK)
-            self._wait(rid, queues.put(queue, payload, number, answer, block=block, version=tag,
-                                       holder=self, acks=acks), timeout)
-        elif op in (GET, GET_NOWAIT, GET_HELD, GET_NOWAIT_HELD):
-            self._wait(rid, queues.get(queue, answer, block=op in (GET, GET_HELD), min_version=tag,
-                                       holder=self if op in (GET_HELD, GET_NOWAIT_HELD) else None), timeout)
-        elif op in (GET_BATCH, GET_BATCH_HELD):
-            self._wait(rid, queues.get_batch(queue, number, answer, min_version=tag,
-                                             holder=self if op == GET_BATCH_HELD else None), timeout)
-        elif op == ACK:
-            queues.ack(self, acks, answer)
-        elif op == UNHOLD:
-            self.reply(rid, queues.unhold(self, acks), None)
+        if op in (PUT, PUT_NOWAIT):
+            self._wait(rid, queues.put(queue, payload, number, answer, block=op == PUT, version=tag), timeout)
+        elif op in (GET, GET_NOWAIT):
+            self._wait(rid, queues.get(queue, answer, block=op == GET, min_version=tag), timeout)
+        elif op == GET_BATCH:
+            self._wait(rid, queues.get_batch(queue, number, answer, min_version=tag), timeout)
         elif op == CANCEL:
             # Requests of a connection are answered in order: if the one named is not waiting, its reply went
             # out before this one, and the client learns from it what became of the request.
@@ -255,6 +234,43 @@ class _Connection(asyncio.Protocol):
             self.reply(rid, Status.OK, b"")
             if first and self.server.on_close is not None:
                 self.server.on_close()
+        else:
+            self.reply(rid, BAD_REQUEST, f"unknown operation {op}".encode())
+
+    def _held(self, op: int, rid: int, queue: str, number: float, timeout: float, tag: int | None,
+              payload: bytes) -> None:
+        """A request about items held for this connection: a held get, a put that acknowledges, an ack, an unhold."""
+        queues = self.server.queues
+        acks: list[int] = []
+        if op in (PUT_ACK, PUT_NOWAIT_ACK, ACK, UNHOLD):
+            try:
+                acks, at = unpack_holds(payload)
+            except struct.error:
+                self.reply(rid, BAD_REQUEST, b"malformed hold ids")
+                return
+            payload = payload[at:]
+
+        def answer(status: Status, value: Any) -> None:
+            if status is Status.OK and op in HELD_GETS:
+                ids, items = value
+                value = [pack_holds(ids), *items]
+            elif status is not Status.OK and op in (PUT_ACK, PUT_NOWAIT_ACK):
+                self.server.drop([payload])
+            if status is Status.NOT_HELD:
+                value = LENGTH.pack(value)
+            self.reply(rid, status, value)
+
+        if op in (PUT_ACK, PUT_NOWAIT_ACK):
+            self._wait(rid, queues.put(queue, payload, number, answer, block=op == PUT_ACK, version=tag, holder=self,
+                                       acks=acks), timeout)
+        elif op in (GET_HELD, GET_NOWAIT_HELD):
+            self._wait(rid, queues.get(queue, answer, block=op == GET_HELD, min_version=tag, holder=self), timeout)
+        elif op == GET_BATCH_HELD:
+            self._wait(rid, queues.get_batch(queue, number, answer, min_version=tag, holder=self), timeout)
+        elif op == ACK:
+            queues.ack(self, acks, answer)
+        elif op == UNHOLD:
+            self.reply(rid, queues.unhold(self, acks), None)
         else:
             self.reply(rid, BAD_REQUEST, f"unknown operation {op}".encode())
 
