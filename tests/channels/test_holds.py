@@ -78,6 +78,17 @@ def test_get_without_ack_returns_the_item_itself_acknowledged_by_identity(ch: hw
         ch.ack(first)
 
 
+def test_a_held_get_batch_that_times_out_holds_nothing_and_leaves_the_items_in_order(ch: hwplace.Channel) -> None:
+    fill(ch, ["a", "b"])
+    with pytest.raises(hwplace.ChannelTimeout, match="did not complete"):
+        ch.get_batch(3, ack=False, timeout=0.2)  # gathers both, waits for more, gives them back
+    assert ch.stats() == hwplace.QueueStats(puts=2, gets=0, stale=0, size=2, redelivered=0, held=0)
+    item = ch.get_nowait(ack=False)
+    assert item == "a"
+    ch.ack(item)
+    assert ch.get_batch(1, timeout=5) == ["b"]
+
+
 def test_a_slice_of_what_get_batch_took_acknowledges_those_items(ch: hwplace.Channel) -> None:
     fill(ch, [[n] for n in range(4)])
     taken = ch.get_batch(4, ack=False, timeout=5)
