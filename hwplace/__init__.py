@@ -15,6 +15,7 @@ from hwplace.application.job import Job, run_job
 from hwplace.channels.balance import balanced_split, imbalance
 from hwplace.channels.channel import Channel
 from hwplace.channels.handle import ChannelHandle
+from hwplace.channels.holds import Taken
 from hwplace.channels.queues import QueueStats
 from hwplace.config.job_config import JobConfig, parse_job_config
 from hwplace.config.loading import load_config
@@ -30,6 +31,7 @@ from hwplace.foundation.errors import (
     ChannelEmpty,
     ChannelFull,
     ChannelLost,
+    ChannelNotHeld,
     ChannelTimeout,
     ConfigError,
     HwplaceError,
@@ -72,6 +74,7 @@ __all__ = [
     "ChannelFull",
     "ChannelHandle",
     "ChannelLost",
+    "ChannelNotHeld",
     "ChannelTimeout",
     "Cluster",
     "ClusterConfig",
@@ -104,6 +107,7 @@ __all__ = [
     "RankStatus",
     "Restart",
     "SearchResult",
+    "Taken",
     "WeightSync",
     "WeightSyncError",
     "Weights",

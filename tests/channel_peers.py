@@ -60,6 +60,11 @@ class Peer(hwplace.Worker):
     def take(self, channel: hwplace.Channel) -> Any:
         return channel.get(timeout=30)
 
+    def hold(self, channel: hwplace.Channel, batch_weight: float) -> tuple[int, list[Any]]:
+        """Takes a batch with ``ack=False`` and keeps it held (this process's connection holds it): returns this
+        process's id, for the test to kill it, and what it took."""
+        return os.getpid(), list(channel.get_batch(batch_weight, ack=False, timeout=30))
+
     def pull(self, channel: hwplace.Channel, batch_weight: float | None, count: int, steps: int) -> list[float]:
         """The weight taken at each step: one ``get_batch(batch_weight)``, or ``count`` single gets."""
         taken = []

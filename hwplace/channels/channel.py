@@ -3,7 +3,8 @@
 ``hwplace.Channel.create(name)`` (or ``self.create_channel(name)`` in a worker) starts the host through the
 cluster's executor; ``Channel.connect(name)`` finds it. A channel pickles, so it can be passed to worker
 methods. Each process talks to a channel's host over one direct connection (:mod:`hwplace.channels.wire`);
-items larger than :data:`INLINE_LIMIT` bytes travel through the executor's object store by reference.
+items larger than :data:`INLINE_LIMIT` bytes travel through the executor's object store by reference. Items
+taken with ``ack=False`` are held for that connection until acknowledged (:mod:`hwplace.channels.holds`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Literal, SupportsFloat, SupportsIndex, overload
 from hwplace.channels import wire
 from hwplace.channels.arguments import check_name, queue_bytes, timeout_of, version_of, weight_of
 from hwplace.channels.handle import ChannelHandle, withdraw
+from hwplace.channels.holds import HeldItems, Taken, not_held
 from hwplace.channels.queues import QueueStats, Status
 from hwplace.contracts.capabilities import ChannelAddress, ChannelHosting, ObjectStore, require
 from hwplace.foundation.errors import (
@@ -40,22 +42,42 @@ INLINE_LIMIT = 1 << 20
 
 _BUFFERS = struct.Struct("!I")
 _BUFFER = struct.Struct("!Q")
-_connections: dict[tuple[str, int, bytes], wire.Connection] = {}
+_connections: dict[tuple[str, int, bytes], tuple[wire.Connection, HeldItems]] = {}
 _connections_lock = threading.Lock()
 # A forked child (a data loader's worker, say) must not share its parent's sockets: it opens its own.
 os.register_at_fork(after_in_child=_connections.clear)
 
 
-def _connection(address: ChannelAddress) -> wire.Connection:
-    """This process's connection to a channel's host, opened on first use and again after it broke."""
+def _link(address: ChannelAddress) -> tuple[wire.Connection, HeldItems]:
+    """This process's connection to a channel's host, opened on first use and again after it broke, and the
+    record of the items it holds through it."""
     key = (address.host, address.port, address.token)
     with _connections_lock:
-        connection = _connections.get(key)
-        if connection is None or connection.lost is not None:
+        found = _connections.get(key)
+        if found is None or found[0].lost is not None:
             connection = wire.Connection(address.host, address.port, address.token,
                                          f"channel {address.name!r} (host on {address.where})")
-            _connections[key] = connection
-    return connection
+            found = (connection, HeldItems(f"channel {address.name!r}", connection,
+                                           dropped=0 if found is None else found[1].dropped + len(found[1])))
+            _connections[key] = found
+    return found
+
+
+def _connection(address: ChannelAddress) -> wire.Connection:
+    return _link(address)[0]
+
+
+_WITHDRAWABLE = frozenset({wire.PUT, wire.PUT_ACK, wire.GET, wire.GET_HELD, wire.GET_BATCH, wire.GET_BATCH_HELD})
+
+
+def _acknowledged(reply: wire.Reply, record: HeldItems, holds: list[int]) -> None:
+    """Once the host acknowledged ``holds`` (an ack, or a put that acknowledged them), the record forgets them."""
+    try:
+        status, _ = reply.result(0)
+    except Exception:  # the connection broke: its record is dropped with it
+        return
+    if status == Status.OK:
+        record.forget(holds)
 
 
 _PLAIN = frozenset({bytes, bytearray, str, int, float, bool, type(None)})
@@ -91,8 +113,9 @@ def _size_hint(item: Any) -> int:
     return len(item) if isinstance(item, bytes | bytearray) else 0
 
 
-def decode(payloads: Sequence[bytearray], store: ObjectStore) -> list[Any]:
-    """The items of payloads, in order; those stashed by reference are fetched together."""
+def decode(payloads: Sequence[bytearray], store: ObjectStore, keep: bool = False) -> list[Any]:
+    """The items of payloads, in order; those stashed by reference are fetched together (``keep``: left with
+    the host, for items held until acknowledged, which may be taken again)."""
     items: list[Any] = [None] * len(payloads)
     stashed: list[tuple[int, bytes]] = []
     for index, payload in enumerate(payloads):
@@ -111,10 +134,19 @@ def decode(payloads: Sequence[bytearray], store: ObjectStore) -> list[Any]:
             at += size
         items[index] = pickle.loads(view[offset:data_end], buffers=buffers)
     if stashed:
-        for (index, _), item in zip(stashed, store.fetch([key for _, key in stashed]), strict=True):
+        keys = [key for _, key in stashed]
+        for (index, _), item in zip(stashed, store.fetch(keys, keep=True) if keep else store.fetch(keys),
+                                    strict=True):
             items[index] = item
     return items
 
+
+
+def _ack_of(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError("ack", "must be True (take the items outright) or False (hold them until acknowledged)",
+                          value=value)
+    return value
 
 
 def _hosting(cluster: Cluster | None, where: str) -> ChannelHosting:
@@ -185,15 +217,26 @@ class Channel:
         return f"<Channel {self.name!r} on {self.where}{bound}>"
 
     def _call(self, op: int, what: str, queue_name: str, number: float = 0.0, timeout: float | None = None,
-              payload: bytes = b"", async_op: bool = False, version: int | None = None) -> Any:
-        """Send one request; its result, or (``async_op``) a handle on it."""
-        connection = _connection(self._address)
+              payload: bytes = b"", async_op: bool = False, version: int | None = None, ack: Any = None) -> Any:
+        """Send one request; its result, or (``async_op``) a handle on it. ``ack``: what it acknowledges."""
+        connection, record = _link(self._address)
         queue = queue_bytes(queue_name)
+        holds = None if ack is None else record.holds_of(ack, what)
+        if holds is not None:
+            payload = wire.pack_holds(holds) + payload
         reply = connection.request(op, number, timeout, queue, payload, defer=async_op, version=version)
+        if holds:
+            reply.add_done_callback(lambda done: _acknowledged(done, record, holds))
 
         def finish(status: int, data: bytearray) -> Any:
             if status != Status.OK:
-                raise self._error(what, queue_name, status, timeout, data)
+                raise self._error(what, queue_name, status, timeout, data, len(holds or ()))
+            if op in wire.HELD_GETS:
+                parts = wire.split_batch(data)
+                taken, payloads = wire.unpack_holds(parts[0])[0], parts[1:]
+                items = decode(payloads, self._address.store, keep=True)
+                record.add(taken, items, queue, payloads)
+                return items[0] if what == "get" else Taken(items, taken, record)
             if what == "get":
                 return decode([data], self._address.store)[0]
             if what == "get_batch":
@@ -211,15 +254,19 @@ class Channel:
             with span(what, WAIT, channel=self.name, queue=queue_name):
                 outcome = reply.result()
         except BaseException as exc:  # a signal handler's exception, a KeyboardInterrupt: the caller stops waiting
-            if reply.failed_with(exc) or op not in (wire.PUT, wire.GET, wire.GET_BATCH):
+            if reply.failed_with(exc) or op not in _WITHDRAWABLE:
                 raise
             # ...so the host must not hand the request an item later (nor let its put in unbeknown to it).
             exc.add_note(withdraw(connection, reply, op, queue, where))
             raise
         return finish(*outcome)
 
-    def _error(self, what: str, queue_name: str, status: int, timeout: float | None, data: bytearray) -> HwplaceError:
+    def _error(self, what: str, queue_name: str, status: int, timeout: float | None, data: bytearray,
+               acks: int = 0) -> HwplaceError:
         where = f"channel {self.name!r}, queue {queue_name!r}"
+        if status == Status.NOT_HELD:
+            return not_held(f"channel {self.name!r}", what, acks, wire.LENGTH.unpack(data)[0],
+                            "already acknowledged, or given back when the connection it took them through closed")
         if status == Status.CLOSED:
             return ChannelClosed(f"{where}: {what} failed, the channel is closed")
         if status == Status.EMPTY:
@@ -232,62 +279,86 @@ class Channel:
 
     @overload
     def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", async_op: Literal[False] = False,
-            timeout: float | None = None, *, version: SupportsIndex | None = None) -> None: ...
+            timeout: float | None = None, *, version: SupportsIndex | None = None, ack: Any = None) -> None: ...
 
     @overload
     def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", *, async_op: Literal[True],
-            timeout: float | None = None, version: SupportsIndex | None = None) -> ChannelHandle: ...
+            timeout: float | None = None, version: SupportsIndex | None = None, ack: Any = None) -> ChannelHandle: ...
 
     @overload
-    def put(self, item: Any, weight: SupportsFloat, queue_name: str, async_op: bool,
-            timeout: float | None = None, *, version: SupportsIndex | None = None) -> ChannelHandle | None: ...
+    def put(self, item: Any, weight: SupportsFloat, queue_name: str, async_op: bool, timeout: float | None = None,
+            *, version: SupportsIndex | None = None, ack: Any = None) -> ChannelHandle | None: ...
 
     def put(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", async_op: bool = False,
-            timeout: float | None = None, *, version: SupportsIndex | None = None) -> ChannelHandle | None:
+            timeout: float | None = None, *, version: SupportsIndex | None = None, ack: Any = None
+            ) -> ChannelHandle | None:
         """Append ``item`` with ``weight`` to the queue, waiting while it is full.
 
-        ``version`` (a whole number >= 0) tags the item, for getters that ask for a ``min_version``.
+        ``version`` (a whole number >= 0) tags the item, for getters that ask for a ``min_version``. ``ack``
+        (what a ``get`` or ``get_batch`` with ``ack=False`` returned, see :meth:`ack`) acknowledges those items
+        in the same step as ``item`` enters: never one without the other. If any of them is not held,
+        :class:`hwplace.ChannelNotHeld`, and neither happens.
         """
         weight, timeout, version = weight_of(weight, "weight"), timeout_of(timeout), version_of(version, "version")
         payload = encode(item, self._address.store, weight, version)
-        return self._call(wire.PUT, "put", queue_name, weight, timeout, payload,  # type: ignore[no-any-return]
-                          async_op, version)
+        return self._call(wire.PUT if ack is None else wire.PUT_ACK, "put",  # type: ignore[no-any-return]
+                          queue_name, weight, timeout, payload, async_op, version, ack)
 
     def put_nowait(self, item: Any, weight: SupportsFloat = 0, queue_name: str = "default", *,
-                   version: SupportsIndex | None = None) -> None:
-        """Append ``item`` at once; :class:`hwplace.ChannelFull` (a ``queue.Full``) when the queue is full."""
+                   version: SupportsIndex | None = None, ack: Any = None) -> None:
+        """Append ``item`` at once; :class:`hwplace.ChannelFull` (a ``queue.Full``) when the queue is full (then
+        nothing in ``ack`` is acknowledged either)."""
         weight, version = weight_of(weight, "weight"), version_of(version, "version")
         payload = encode(item, self._address.store, weight, version)
-        self._call(wire.PUT_NOWAIT, "put_nowait", queue_name, weight, None, payload, version=version)
+        self._call(wire.PUT_NOWAIT if ack is None else wire.PUT_NOWAIT_ACK, "put_nowait", queue_name, weight, None,
+                   payload, version=version, ack=ack)
 
     def get(self, queue_name: str = "default", async_op: bool = False, timeout: float | None = None, *,
-            min_version: SupportsIndex | None = None) -> Any:
+            min_version: SupportsIndex | None = None, ack: bool = True) -> Any:
         """Take the queue's first item, waiting for one.
 
         With ``min_version``, items tagged with an older version are discarded (and counted in :meth:`stats`)
-        instead of returned; untagged items are always returned.
+        instead of returned; untagged items are always returned. With ``ack=False`` the item is held for this
+        process until acknowledged (:meth:`ack`, or ``put(..., ack=item)``): if the process dies first, it goes
+        back to the head of the queue.
         """
-        return self._call(wire.GET, "get", queue_name, 0.0, timeout_of(timeout), async_op=async_op,
+        return self._call(wire.GET if _ack_of(ack) else wire.GET_HELD, "get", queue_name, 0.0, timeout_of(timeout),
+                          async_op=async_op, version=version_of(min_version, "min_version"))
+
+    def get_nowait(self, queue_name: str = "default", *, min_version: SupportsIndex | None = None,
+                   ack: bool = True) -> Any:
+        """Take the first item at once; :class:`hwplace.ChannelEmpty` (a ``queue.Empty``) when there is none."""
+        return self._call(wire.GET_NOWAIT if _ack_of(ack) else wire.GET_NOWAIT_HELD, "get", queue_name,
                           version=version_of(min_version, "min_version"))
 
-    def get_nowait(self, queue_name: str = "default", *, min_version: SupportsIndex | None = None) -> Any:
-        """Take the first item at once; :class:`hwplace.ChannelEmpty` (a ``queue.Empty``) when there is none."""
-        return self._call(wire.GET_NOWAIT, "get", queue_name, version=version_of(min_version, "min_version"))
-
     def get_batch(self, batch_weight: SupportsFloat, queue_name: str = "default", async_op: bool = False,
-                  timeout: float | None = None, *, min_version: SupportsIndex | None = None) -> Any:
+                  timeout: float | None = None, *, min_version: SupportsIndex | None = None, ack: bool = True) -> Any:
         """Take items in order (at least one) until their summed weight reaches ``batch_weight``, as a list.
 
         Waits until the queue holds that much; on a timeout or a close it takes nothing. One round trip. With
-        ``min_version``, items tagged older are discarded on the way, as :meth:`get` does.
+        ``min_version``, items tagged older are discarded on the way, as :meth:`get` does. With ``ack=False``
+        the items are held for this process until acknowledged, as :meth:`get`'s, and the list is a
+        :class:`hwplace.Taken`: pass it to :meth:`ack` or ``put(..., ack=)``.
         """
         weight, timeout = weight_of(batch_weight, "batch_weight"), timeout_of(timeout)
-        return self._call(wire.GET_BATCH, "get_batch", queue_name, weight, timeout, async_op=async_op,
-                          version=version_of(min_version, "min_version"))
+        return self._call(wire.GET_BATCH if _ack_of(ack) else wire.GET_BATCH_HELD, "get_batch", queue_name, weight,
+                          timeout, async_op=async_op, version=version_of(min_version, "min_version"))
+
+    def ack(self, taken: Any) -> None:
+        """Acknowledge items taken with ``ack=False``: they are done with, and will not come back.
+
+        ``taken`` is what ``get_batch(..., ack=False)`` returned (all of its items), the item that ``get(...,
+        ack=False)`` returned, or a list or tuple of such items (found by identity). Any of them not held by
+        this process (already acknowledged, or given back when its connection to the host closed) is a
+        :class:`hwplace.ChannelNotHeld` naming how many, and none is acknowledged.
+        """
+        self._call(wire.ACK, "ack", "default", ack=taken)
 
     def stats(self, queue_name: str = "default") -> QueueStats:
         """What the queue has seen: ``puts`` (items that entered), ``gets`` (items handed out), ``stale``
-        (items discarded by a ``min_version``) and ``size`` (items in it now), as a :class:`hwplace.QueueStats`."""
+        (items discarded by a ``min_version``), ``size`` (items in it now), ``redelivered`` (items taken with
+        ``ack=False`` that came back when their taker's connection closed) and ``held`` (items taken with
+        ``ack=False``, not acknowledged yet), as a :class:`hwplace.QueueStats`."""
         return self._call(wire.STATS, "stats", queue_name)  # type: ignore[no-any-return]
 
     def qsize(self, queue_name: str = "default") -> int:

@@ -4,7 +4,8 @@ A blocking ``put``, ``get`` or ``get_batch`` waits on the channel's host. When i
 signal handler raised, a ``KeyboardInterrupt``, an async get's handle dropped unread), :func:`withdraw` sends
 a ``CANCEL`` for it: the host withdraws the request if it still waits, so no item is ever handed to nobody;
 if the request had already completed, a get's items come back to this process and are put back at the head
-of their queue (``REQUEUE``), and a put's item stays in the queue, as the caller is told. Imports
+of their queue (``REQUEUE``; ``UNHOLD`` for items it held), and a put's item stays in the queue, as the caller
+is told. Imports
 :mod:`hwplace.channels.wire`, the queue statuses, the foundation's errors and the handles' base
 (:class:`hwplace.contracts.executor.Pending`).
 """
@@ -26,8 +27,9 @@ from hwplace.foundation.trace import WAIT, span
 
 WITHDRAW_TIMEOUT = 10.0
 """Seconds an interrupted caller waits for the host to say whether its request was withdrawn."""
-_GETS = (wire.GET, wire.GET_BATCH)
-_NAMES = {wire.PUT: "put", wire.GET: "get", wire.GET_BATCH: "get_batch"}
+_GETS = (wire.GET, wire.GET_BATCH, wire.GET_HELD, wire.GET_BATCH_HELD)
+_NAMES = {wire.PUT: "put", wire.PUT_ACK: "put", wire.GET: "get", wire.GET_HELD: "get", wire.GET_BATCH: "get_batch",
+          wire.GET_BATCH_HELD: "get_batch"}
 
 
 def withdraw(connection: wire.Connection, reply: wire.Reply, op: int, queue: bytes, where: str) -> str:
@@ -39,25 +41,32 @@ def withdraw(connection: wire.Connection, reply: wire.Reply, op: int, queue: byt
         return f"{what} ended with the connection to the channel's host (the host ends such requests)"
     except TimeoutError:
         return f"{what}: the host did not say within {WITHDRAW_TIMEOUT:g} s whether it was withdrawn"
+    put = op in (wire.PUT, wire.PUT_ACK)
     if data == wire.WITHDRAWN:
-        return f"{what} was withdrawn: " + ("the item did not enter the queue" if op == wire.PUT else
-                                            "it took no item")
+        return f"{what} was withdrawn: " + ("the item did not enter the queue" if put else "it took no item") + (
+            ", nor acknowledged anything" if op == wire.PUT_ACK else "")
     try:
         status, data = reply.result(0)  # replies come in order: the request's own came before the CANCEL's
     except (ChannelLost, TimeoutError):
         return f"{what} had ended, but its reply was lost with the connection"
     if op not in _GETS or status != Status.OK:
-        state = "the item is in the queue" if op == wire.PUT and status == Status.OK else f"{Status(status).name}"
-        return f"{what} had completed before it could be withdrawn: {state}"
-    payloads = [data] if op == wire.GET else wire.split_batch(data)
+        state = "the item is in the queue" if put and status == Status.OK else f"{Status(status).name}"
+        acked = ", and what it acknowledged is acknowledged" if op == wire.PUT_ACK and status == Status.OK else ""
+        return f"{what} had completed before it could be withdrawn: {state}{acked}"
+    if op in wire.HELD_GETS:  # held items go back as they were, held no more
+        holds = wire.unpack_holds(wire.split_batch(data)[0])[0]
+        count, back, body = len(holds), wire.UNHOLD, wire.pack_holds(holds)
+    else:
+        payloads = [data] if op == wire.GET else wire.split_batch(data)
+        count, back, body = len(payloads), wire.REQUEUE, wire.join_batch(payloads)
     try:
-        status, _ = connection.request(wire.REQUEUE, 0.0, None, queue, wire.join_batch(payloads)).result(
-            WITHDRAW_TIMEOUT)
+        status, _ = connection.request(back, 0.0, None, queue, body).result(WITHDRAW_TIMEOUT)
     except (ChannelLost, TimeoutError):
-        return f"{what} had taken {len(payloads)} item(s); putting them back failed with the connection"
+        again = " (held ones go back as the host sees the connection close)" if back == wire.UNHOLD else ""
+        return f"{what} had taken {count} item(s); putting them back failed with the connection{again}"
     if status != Status.OK:
-        return f"{what} had taken {len(payloads)} item(s); the channel closed before they could be put back"
-    return f"{what} had taken {len(payloads)} item(s): they were put back at the head of the queue"
+        return f"{what} had taken {count} item(s); the channel closed before they could be put back"
+    return f"{what} had taken {count} item(s): they were put back at the head of the queue"
 
 
 _orphans: queue_module.SimpleQueue[tuple[wire.Connection, wire.Reply, int, bytes, str]] = queue_module.SimpleQueue()

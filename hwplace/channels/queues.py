@@ -13,16 +13,22 @@ back to its caller when the ticket resolves. Rules, per queue:
   queue is in use.
 - versions: a ``put`` may tag its item with a version (an int); a ``get`` or ``get_batch`` with a
   ``min_version`` never takes an item tagged older than that: when such an item reaches the head of the queue
-  for it, the item is discarded and counted as stale (``on_stale(item)`` is told). Untagged items are never
+  for it, the item is discarded and counted as stale (``on_gone(item)`` is told). Untagged items are never
   skipped. :meth:`WeightedQueues.stats` counts, per queue, the items that entered, those handed out, and the
   stale ones discarded.
+- holds: a ``get`` or ``get_batch`` made for a ``holder`` (a connection) hands its items out *held*: each gets
+  a hold id, and stays the holder's until :meth:`~WeightedQueues.ack` (or a ``put`` with ``acks``, which makes
+  its own item visible and acknowledges in the same step) lets it go. When the holder is gone,
+  :meth:`~WeightedQueues.release` puts what it held back at the head of their queues, in the order they were
+  taken, with their weights and versions, and counts them as redelivered. Acknowledging a hold that is not
+  the caller's (already acknowledged, or released) is refused with ``NOT_HELD``, and nothing happens.
 """
 
 from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,21 +41,29 @@ class Status(enum.IntEnum):
     FULL = 2
     TIMEOUT = 3
     CLOSED = 4
+    NOT_HELD = 5  # an acknowledgement named holds that are not the caller's: nothing happened; the value counts them
 
 
 @dataclass(frozen=True)
 class QueueStats:
-    """What one queue has seen: items that entered (``puts``), items handed out (``gets``), stale items
-    discarded by a ``min_version`` (``stale``), and the items it holds now (``size``)."""
+    """What one queue has seen: items that entered (``puts``), items handed out (``gets``, each time: an item
+    redelivered and taken again counts twice), stale items discarded by a ``min_version`` (``stale``), the items
+    it holds now (``size``), items taken with ``ack=False`` that came back because their taker died
+    (``redelivered``), and items taken with ``ack=False`` and not acknowledged yet (``held``, counted in
+    ``gets`` and not in ``size``). ``puts + redelivered == gets + stale + size`` whenever no ``get_batch`` is
+    gathering items."""
 
     puts: int = 0
     gets: int = 0
     stale: int = 0
     size: int = 0
+    redelivered: int = 0
+    held: int = 0
 
 
 Entry = tuple[Any, float, "int | None"]  # an item, its weight and its version (None: untagged)
 Reply = Callable[[Status, Any], None]
+PUTS, GETS, STALE, REDELIVERED, HELD = range(5)  # the counters kept per queue
 
 
 @dataclass(eq=False)
@@ -64,6 +78,8 @@ class Ticket:
     version: int | None = None  # put: the item's version; get and get_batch: the least version they take
     taken: list[Entry] = field(default_factory=list)  # get_batch: what it holds so far
     gathered: float = 0.0  # get_batch: the summed weight of ``taken``
+    holder: Hashable | None = None  # get: who holds what it takes (None: taken outright); put: whose ``acks``
+    acks: Sequence[int] = ()  # put: the holds it acknowledges as it enters
     done: bool = False
 
     def resolve(self, status: Status, value: Any = None) -> None:
@@ -83,15 +99,20 @@ class WeightedQueues:
 
     Each request takes a ``reply(status, value)`` callable. It is called at once when the request can be
     answered at once; otherwise the request waits and the returned :class:`Ticket` is called later (or
-    :meth:`cancel` ends it with ``TIMEOUT``). A ``get`` replies with the item, a ``get_batch`` with a list.
+    :meth:`cancel` ends it with ``TIMEOUT``). A ``get`` replies with the item, a ``get_batch`` with a list; made
+    for a ``holder``, either replies with ``(hold ids, items)``. ``on_gone(item)`` is told of each item that
+    leaves for good without being handed out by value: discarded as stale, or acknowledged.
     """
 
-    def __init__(self, maxsize: int = 0, on_stale: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, maxsize: int = 0, on_gone: Callable[[Any], None] | None = None) -> None:
         self.maxsize = maxsize
         self.closed = False
         self._queues: dict[str, _Queue] = {}
-        self._on_stale = on_stale
-        self._counts: dict[str, list[int]] = {}  # per queue: puts, gets, stale
+        self._on_gone = on_gone
+        self._counts: dict[str, list[int]] = {}  # per queue: PUTS, GETS, STALE, REDELIVERED, HELD
+        self._holds: dict[int, tuple[Hashable, str, Entry]] = {}  # hold id: its holder, queue and entry
+        self._held_by: dict[Hashable, dict[int, None]] = {}  # holder: its hold ids, in the order taken
+        self._next_hold = 1
 
     def _queue(self, name: str) -> _Queue:
         queue = self._queues.get(name)
@@ -109,37 +130,46 @@ class WeightedQueues:
     def _count(self, name: str, which: int, n: int = 1) -> None:
         counts = self._counts.get(name)
         if counts is None:
-            counts = self._counts[name] = [0, 0, 0]
+            counts = self._counts[name] = [0, 0, 0, 0, 0]
         counts[which] += n
 
     def put(self, name: str, item: Any, weight: float, reply: Reply, *, block: bool = True,
-            version: int | None = None) -> Ticket | None:
+            version: int | None = None, holder: Hashable | None = None, acks: Sequence[int] = ()) -> Ticket | None:
+        """Append ``item``; with ``acks``, acknowledge those holds of ``holder`` in the same step as it enters
+        (``NOT_HELD`` if any is not the holder's when it would enter: then it does not enter)."""
         if self.closed:
             reply(Status.CLOSED, None)
+            return None
+        if acks and (missing := self._not_held(holder, acks)):
+            reply(Status.NOT_HELD, missing)
             return None
         queue = self._queue(name)
         if not self._has_room(queue):
             if not block:
                 reply(Status.FULL, None)
                 return None
-            ticket = Ticket(name, reply, item=item, weight=weight, version=version)
+            ticket = Ticket(name, reply, item=item, weight=weight, version=version, holder=holder, acks=acks)
             queue.putters.append(ticket)
             return ticket
         queue.items.append((item, weight, version))
-        self._count(name, 0)
+        self._count(name, PUTS)
+        if acks:
+            self._acknowledge(acks)
         reply(Status.OK, None)
         self._settle(queue)
         self._forget_if_idle(name, queue)
         return None
 
-    def get(self, name: str, reply: Reply, *, block: bool = True, min_version: int | None = None) -> Ticket | None:
-        return self._take(name, reply, None, block, min_version)
+    def get(self, name: str, reply: Reply, *, block: bool = True, min_version: int | None = None,
+            holder: Hashable | None = None) -> Ticket | None:
+        return self._take(name, reply, None, block, min_version, holder)
 
-    def get_batch(self, name: str, target: float, reply: Reply, *, min_version: int | None = None) -> Ticket | None:
-        return self._take(name, reply, target, True, min_version)
+    def get_batch(self, name: str, target: float, reply: Reply, *, min_version: int | None = None,
+                  holder: Hashable | None = None) -> Ticket | None:
+        return self._take(name, reply, target, True, min_version, holder)
 
     def _take(self, name: str, reply: Reply, target: float | None, block: bool,
-              min_version: int | None) -> Ticket | None:
+              min_version: int | None, holder: Hashable | None = None) -> Ticket | None:
         if self.closed:
             reply(Status.CLOSED, None)
             return None
@@ -155,7 +185,7 @@ class WeightedQueues:
                     self._forget_if_idle(name, queue)
                 return None
         queue = self._queue(name)
-        ticket = Ticket(name, reply, target=target, version=min_version)
+        ticket = Ticket(name, reply, target=target, version=min_version, holder=holder)
         queue.getters.append(ticket)
         self._settle(queue)
         self._forget_if_idle(name, queue)
@@ -173,27 +203,129 @@ class WeightedQueues:
                     continue
                 if getter.target is None:
                     queue.getters.popleft()
-                    self._count(getter.queue, 1)
-                    getter.resolve(Status.OK, item)
+                    if getter.holder is None:
+                        self._count(getter.queue, GETS)
+                        getter.resolve(Status.OK, item)
+                    else:
+                        self._hand_out(getter, [entry])
                     continue
                 getter.taken.append(entry)
                 getter.gathered += weight
                 if getter.gathered >= getter.target:
                     queue.getters.popleft()
-                    self._count(getter.queue, 1, len(getter.taken))
-                    getter.resolve(Status.OK, [item for item, _, _ in getter.taken])
+                    self._hand_out(getter, getter.taken)
             if not (queue.putters and self._has_room(queue)):
                 return
             while queue.putters and self._has_room(queue):
                 putter = queue.putters.popleft()
+                if putter.acks and (missing := self._not_held(putter.holder, putter.acks)):
+                    putter.resolve(Status.NOT_HELD, missing)  # acknowledged meanwhile by another call
+                    continue
                 queue.items.append((putter.item, putter.weight, putter.version))
-                self._count(putter.queue, 0)
+                self._count(putter.queue, PUTS)
+                if putter.acks:
+                    self._acknowledge(putter.acks)
                 putter.resolve(Status.OK)
 
+    def _hand_out(self, getter: Ticket, entries: list[Entry]) -> None:
+        self._count(getter.queue, GETS, len(entries))
+        items = [item for item, _, _ in entries]
+        if getter.holder is None:
+            getter.resolve(Status.OK, items)  # a get_batch's: a plain get's is handed out in _settle
+        else:
+            getter.resolve(Status.OK, (self._hold(getter.holder, getter.queue, entries), items))
+
     def _stale(self, name: str, item: Any) -> None:
-        self._count(name, 2)
-        if self._on_stale is not None:
-            self._on_stale(item)
+        self._count(name, STALE)
+        if self._on_gone is not None:
+            self._on_gone(item)
+
+    # -- holds -----------------------------------------------------------------------------------------
+
+    def _hold(self, holder: Hashable, name: str, entries: list[Entry]) -> list[int]:
+        ids = list(range(self._next_hold, self._next_hold + len(entries)))
+        self._next_hold += len(entries)
+        mine = self._held_by.setdefault(holder, {})
+        for hold, entry in zip(ids, entries, strict=True):
+            self._holds[hold] = (holder, name, entry)
+            mine[hold] = None
+        self._count(name, HELD, len(entries))
+        return ids
+
+    def _not_held(self, holder: Hashable | None, ids: Iterable[int]) -> int:
+        """How many of ``ids`` are not holds of ``holder`` (one named twice counts the second time)."""
+        seen: set[int] = set()
+        missing = 0
+        for hold in ids:
+            found = self._holds.get(hold)
+            if found is None or found[0] != holder or hold in seen:
+                missing += 1
+            seen.add(hold)
+        return missing
+
+    def _unhold(self, hold: int) -> tuple[str, Entry]:
+        holder, name, entry = self._holds.pop(hold)
+        mine = self._held_by[holder]
+        del mine[hold]
+        if not mine:
+            del self._held_by[holder]
+        self._count(name, HELD, -1)
+        return name, entry
+
+    def _acknowledge(self, ids: Iterable[int]) -> None:
+        for hold in ids:
+            _, (item, _, _) = self._unhold(hold)
+            if self._on_gone is not None:
+                self._on_gone(item)
+
+    def ack(self, holder: Hashable, ids: Sequence[int], reply: Reply) -> None:
+        """Acknowledge holds ``ids`` of ``holder``: they are done with. ``NOT_HELD`` (with the count of those
+        that are not the holder's) acknowledges none of them."""
+        if self.closed:
+            reply(Status.CLOSED, None)
+        elif missing := self._not_held(holder, ids):
+            reply(Status.NOT_HELD, missing)
+        else:
+            self._acknowledge(ids)
+            reply(Status.OK, None)
+
+    def unhold(self, holder: Hashable, ids: Sequence[int]) -> Status:
+        """Put holds ``ids`` of ``holder`` back at the head of their queues, as never taken (their getter was
+        interrupted before it had them): not counted as got, nor as redelivered."""
+        if self.closed:
+            return Status.CLOSED
+        if self._not_held(holder, ids):
+            return Status.NOT_HELD
+        self._requeue(sorted(ids), (), redelivered=False)
+        return Status.OK
+
+    def release(self, holder: Hashable, tickets: Iterable[Ticket] = ()) -> None:
+        """``holder`` is gone (its connection closed): its waiting requests ``tickets`` end (a ``put`` does not
+        enter; what a ``get_batch`` gathered goes back), and what it held goes back to the head of its queue, in
+        the order it was taken and ahead of what its waiting ``get_batch`` had gathered, with weights and
+        versions, counted as redelivered."""
+        self._requeue(list(self._held_by.get(holder, ())), tickets, redelivered=True)
+
+    def _requeue(self, ids: list[int], tickets: Iterable[Ticket], *, redelivered: bool) -> None:
+        back: dict[str, list[Entry]] = {}
+        for hold in ids:  # in the order taken: ids grow
+            name, entry = self._unhold(hold)
+            back.setdefault(name, []).append(entry)
+            self._count(name, REDELIVERED if redelivered else GETS, 1 if redelivered else -1)
+        for ticket in tickets:
+            if ticket.done:
+                continue
+            queue = self._queue(ticket.queue)
+            (queue.putters if ticket in queue.putters else queue.getters).remove(ticket)
+            back.setdefault(ticket.queue, []).extend(ticket.taken)  # what a get_batch gathered; a put has none
+            ticket.resolve(Status.TIMEOUT)
+        for name, entries in back.items():
+            queue = self._queue(name)
+            queue.items.extendleft(reversed(entries))
+        for name in back:
+            queue = self._queue(name)
+            self._settle(queue)
+            self._forget_if_idle(name, queue)
 
     def cancel(self, ticket: Ticket) -> None:
         """End a waiting request with ``TIMEOUT``; one that has already ended is left alone.
@@ -221,15 +353,18 @@ class WeightedQueues:
             return False
         queue = self._queue(name)
         queue.items.extendleft(reversed(entries))
-        self._count(name, 1, -len(entries))
+        self._count(name, GETS, -len(entries))
         self._settle(queue)
         self._forget_if_idle(name, queue)
         return True
 
     def close(self) -> list[Any]:
-        """Close every queue: each waiter gets ``CLOSED``. Returns the items dropped (queued, held or waiting)."""
+        """Close every queue: each waiter gets ``CLOSED``. Returns the items dropped (queued, gathered by a
+        waiting ``get_batch``, waiting to enter, or taken and not acknowledged)."""
         self.closed = True
-        dropped: list[Any] = []
+        dropped: list[Any] = [item for _, _, (item, _, _) in self._holds.values()]
+        self._holds.clear()
+        self._held_by.clear()
         for queue in self._queues.values():
             dropped.extend(item for item, _, _ in queue.items)
             dropped.extend(item for ticket in queue.getters for item, _, _ in ticket.taken)
@@ -252,9 +387,10 @@ class WeightedQueues:
         return bool(self.maxsize) and self.qsize(name) >= self.maxsize
 
     def stats(self, name: str) -> QueueStats:
-        """What queue ``name`` has seen since the channel began: puts, gets, stale discards, and its size now."""
-        puts, gets, stale = self._counts.get(name, (0, 0, 0))
-        return QueueStats(puts, gets, stale, self.qsize(name))
+        """What queue ``name`` has seen since the channel began: puts, gets, stale discards, its size now,
+        redeliveries, and the items held now."""
+        puts, gets, stale, redelivered, held = self._counts.get(name, (0, 0, 0, 0, 0))
+        return QueueStats(puts, gets, stale, self.qsize(name), redelivered, held)
 
 
 def _stale(version: int | None, min_version: int | None) -> bool:

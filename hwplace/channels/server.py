@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from hwplace.channels.queues import Status, Ticket, WeightedQueues
 from hwplace.channels.wire import (
+    ACK,
     AUTH_TIMEOUT,
     BAD_REQUEST,
     CANCEL,
@@ -24,13 +25,19 @@ from hwplace.channels.wire import (
     COUNTS,
     GET,
     GET_BATCH,
+    GET_BATCH_HELD,
+    GET_HELD,
     GET_NOWAIT,
+    GET_NOWAIT_HELD,
+    HELD_GETS,
     HELLO,
     LENGTH,
     MAX_FRAME,
     MAX_HELLO,
     PUT,
+    PUT_ACK,
     PUT_NOWAIT,
+    PUT_NOWAIT_ACK,
     QSIZE,
     REPLY,
     REQUEST,
@@ -39,9 +46,13 @@ from hwplace.channels.wire import (
     STATS_COUNTS,
     TOKEN_SIZE,
     TRAILER,
+    UNHOLD,
     WITHDRAWN,
+    keepalive,
+    pack_holds,
     reference_key,
     split_batch,
+    unpack_holds,
 )
 
 
@@ -57,7 +68,7 @@ class ChannelServer:
                  on_close: Callable[[], None] | None = None) -> None:
         self._on_drop = on_drop
         self.on_close = on_close
-        self.queues = WeightedQueues(maxsize, on_stale=lambda payload: self.drop([payload]))
+        self.queues = WeightedQueues(maxsize, on_gone=lambda payload: self.drop([payload]))
         self.token = os.urandom(TOKEN_SIZE)
         self._dirty: set[_Connection] = set()
         self._flush_scheduled = False
@@ -108,18 +119,21 @@ class _Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keepalive(sock)  # a client whose machine vanished is noticed, and what it held goes back
 
     def connection_lost(self, exc: Exception | None) -> None:
-        # Whoever waited here is gone: their requests end (unanswered), so no item goes to a dead caller.
+        # Whoever waited here is gone: their requests end (unanswered), so no item goes to a dead caller, and
+        # the items this connection held (taken with ack=False) go back to the head of their queues.
         self.transport = None
         if self._unauthenticated is not None:
             self._unauthenticated.cancel()
-        for ticket, timer in list(self.waiting.items()):
+        for timer in self.waiting.values():
             if timer is not None:
                 timer.cancel()
-            self.server.queues.cancel(ticket)
+        tickets = list(self.waiting)
         self.waiting.clear()
         self.by_id.clear()
+        self.server.queues.release(self, tickets)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -168,6 +182,9 @@ class _Connection(asyncio.Protocol):
             self.reply(rid, BAD_REQUEST, b"the queue name is not UTF-8")
             return
         queues = self.server.queues
+        if op >= GET_HELD:  # items held until acknowledged: apart, so that plain requests pay nothing for them
+            self._held(op, rid, queue, number, timeout, tag, payload)
+            return
 
         def answer(status: Status, value: Any) -> None:
             if status is not Status.OK and op in (PUT, PUT_NOWAIT):
@@ -209,13 +226,51 @@ class _Connection(asyncio.Protocol):
                 self.reply(rid, Status.CLOSED, None)
                 return
             stats = queues.stats(queue)
-            self.reply(rid, Status.OK, STATS_COUNTS.pack(stats.puts, stats.gets, stats.stale, stats.size))
+            self.reply(rid, Status.OK, STATS_COUNTS.pack(stats.puts, stats.gets, stats.stale, stats.size,
+                                                         stats.redelivered, stats.held))
         elif op == CLOSE:
             first = not queues.closed
             self.server.drop(queues.close())
             self.reply(rid, Status.OK, b"")
             if first and self.server.on_close is not None:
                 self.server.on_close()
+        else:
+            self.reply(rid, BAD_REQUEST, f"unknown operation {op}".encode())
+
+    def _held(self, op: int, rid: int, queue: str, number: float, timeout: float, tag: int | None,
+              payload: bytes) -> None:
+        """A request about items held for this connection: a held get, a put that acknowledges, an ack, an unhold."""
+        queues = self.server.queues
+        acks: list[int] = []
+        if op in (PUT_ACK, PUT_NOWAIT_ACK, ACK, UNHOLD):
+            try:
+                acks, at = unpack_holds(payload)
+            except struct.error:
+                self.reply(rid, BAD_REQUEST, b"malformed hold ids")
+                return
+            payload = payload[at:]
+
+        def answer(status: Status, value: Any) -> None:
+            if status is Status.OK and op in HELD_GETS:
+                ids, items = value
+                value = [pack_holds(ids), *items]
+            elif status is not Status.OK and op in (PUT_ACK, PUT_NOWAIT_ACK):
+                self.server.drop([payload])
+            if status is Status.NOT_HELD:
+                value = LENGTH.pack(value)
+            self.reply(rid, status, value)
+
+        if op in (PUT_ACK, PUT_NOWAIT_ACK):
+            self._wait(rid, queues.put(queue, payload, number, answer, block=op == PUT_ACK, version=tag, holder=self,
+                                       acks=acks), timeout)
+        elif op in (GET_HELD, GET_NOWAIT_HELD):
+            self._wait(rid, queues.get(queue, answer, block=op == GET_HELD, min_version=tag, holder=self), timeout)
+        elif op == GET_BATCH_HELD:
+            self._wait(rid, queues.get_batch(queue, number, answer, min_version=tag, holder=self), timeout)
+        elif op == ACK:
+            queues.ack(self, acks, answer)
+        elif op == UNHOLD:
+            self.reply(rid, queues.unhold(self, acks), None)
         else:
             self.reply(rid, BAD_REQUEST, f"unknown operation {op}".encode())
 

@@ -14,7 +14,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from hwplace.foundation.errors import ChannelLost
@@ -25,7 +25,7 @@ REQUEST = struct.Struct("!IBIddqH")
 REPLY = struct.Struct("!IIB")  # body length, request id, status
 LENGTH = struct.Struct("!I")
 COUNTS = struct.Struct("!QQ")
-STATS_COUNTS = struct.Struct("!QQQQ")  # a STATS reply: puts, gets, stale discards, size now
+STATS_COUNTS = struct.Struct("!QQQQQQ")  # a STATS reply: puts, gets, stale discards, size now, redelivered, held
 NO_VERSION = -1
 MAX_FRAME = 1 << 31
 TOKEN_SIZE = 16
@@ -42,6 +42,14 @@ STATS = 10  # a queue's counters (an op, numbered after BAD_REQUEST)
 CANCEL = 11  # withdraw the waiting request whose id is the number; the reply says WITHDRAWN or COMPLETED
 REQUEUE = 12  # put items a withdrawn get had already been handed back at the head of the queue
 WITHDRAWN, COMPLETED = b"\x01", b"\x00"  # a CANCEL's reply: the request was withdrawn, or had ended before
+# As GET, GET_NOWAIT and GET_BATCH, the items held for the caller's connection until acknowledged: the reply is a
+# batch whose first part is their hold ids (pack_holds), then the payloads.
+GET_HELD, GET_NOWAIT_HELD, GET_BATCH_HELD = 13, 14, 15
+HELD_GETS = frozenset({GET_HELD, GET_NOWAIT_HELD, GET_BATCH_HELD})
+PUT_ACK, PUT_NOWAIT_ACK = 16, 17  # as PUT and PUT_NOWAIT, acknowledging the holds the payload starts with
+ACK = 18  # acknowledge the holds of the payload; a NOT_HELD reply carries the count of those not held (LENGTH)
+UNHOLD = 19  # put back at the head of their queue the holds a withdrawn held get had been handed
+_HOLD = struct.Struct("!Q")
 TRAILER = struct.Struct("!dq")  # the end of every payload: its weight and version (< 0: none), for a REQUEUE
 INLINE, BY_REFERENCE = b"\x00", b"\x01"  # the first byte of a payload
 KEY_SIZE = 16
@@ -73,6 +81,20 @@ def split_batch(data: bytes | bytearray) -> list[bytearray]:
 
 def join_batch(payloads: list[bytes] | list[bytearray]) -> bytes:
     return LENGTH.pack(len(payloads)) + b"".join(LENGTH.pack(len(p)) + bytes(p) for p in payloads)
+
+
+def pack_holds(ids: Sequence[int]) -> bytes:
+    """Hold ids on the wire: their count, then each as an unsigned 64-bit number."""
+    return LENGTH.pack(len(ids)) + struct.pack(f"!{len(ids)}Q", *ids)
+
+
+def unpack_holds(data: bytes | bytearray) -> tuple[list[int], int]:
+    """The hold ids ``data`` starts with, and where what follows them begins (``struct.error`` if malformed)."""
+    (count,) = LENGTH.unpack_from(data, 0)
+    end = LENGTH.size + count * _HOLD.size
+    if end > len(data):
+        raise struct.error("fewer hold ids than counted")
+    return list(struct.unpack_from(f"!{count}Q", data, LENGTH.size)), end
 
 
 Outcome = tuple[int, bytearray]
@@ -159,7 +181,7 @@ class Connection:
                               "the channel is gone") from None
         self._socket.settimeout(None)
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _keepalive(self._socket)
+        keepalive(self._socket)
         self._socket.sendall(encode_request(HELLO, 0, 0.0, None, b"", token))
         self._reader = threading.Thread(target=self._read, name=f"hwplace-channel-{port}", daemon=True)
         self._reader.start()
@@ -250,8 +272,8 @@ class Connection:
             self._socket.close()
 
 
-def _keepalive(sock: socket.socket) -> None:
-    """Notice a host whose machine vanished within about 20 s, instead of waiting on it forever."""
+def keepalive(sock: socket.socket) -> None:
+    """Notice a peer whose machine vanished within about 20 s, instead of waiting on it forever."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 2)):
         if hasattr(socket, option):

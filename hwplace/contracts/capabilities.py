@@ -58,8 +58,13 @@ class ObjectStore:
         """Put ``item`` in the object store, held by the channel's host; returns its 16-byte key."""
         raise NotImplementedError(f"{type(self).__name__}.stash")
 
-    def fetch(self, keys: Sequence[bytes]) -> list[Any]:
-        """Take the stashed items of ``keys`` from the channel's host, in order."""
+    def fetch(self, keys: Sequence[bytes], keep: bool = False) -> list[Any]:
+        """Take the stashed items of ``keys`` from the channel's host, in order.
+
+        With ``keep`` (items taken with ``ack=False``), the host keeps holding them, to hand them out again if
+        their taker dies; it lets them go when the channel's server tells it (its ``on_drop``), once they are
+        acknowledged. Called with ``keep`` only for such items.
+        """
         raise NotImplementedError(f"{type(self).__name__}.fetch")
 
 

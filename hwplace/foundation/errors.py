@@ -164,6 +164,12 @@ class ChannelTimeout(HwplaceError, TimeoutError):
     """A channel operation did not complete within its timeout."""
 
 
+class ChannelNotHeld(HwplaceError, LookupError):
+    """An acknowledgement (``channel.ack(taken)``, ``put(..., ack=taken)``) named items this process does not
+    hold: already acknowledged, or given back when its connection to the channel's host closed. Nothing was
+    acknowledged (and a ``put``'s item did not enter)."""
+
+
 class ChannelLost(HwplaceError, ConnectionError):
     """The process hosting a channel is gone (it died, or its node did); the channel's items are lost with it."""
 

@@ -56,8 +56,8 @@ class ChannelHost:
     async def hold(self, key: bytes, refs: list[Any]) -> None:
         self._held[key] = refs[0]
 
-    async def take(self, keys: list[bytes]) -> list[Any]:
-        return [self._held.pop(key) for key in keys]
+    async def take(self, keys: list[bytes], keep: bool = False) -> list[Any]:
+        return [self._held[key] if keep else self._held.pop(key) for key in keys]
 
 
 class RayObjectStore(ObjectStore):
@@ -76,8 +76,8 @@ class RayObjectStore(ObjectStore):
         self._call(self._actor.hold.remote(key, [ref]))
         return key
 
-    def fetch(self, keys: Sequence[bytes]) -> list[Any]:
-        refs = self._call(self._actor.take.remote(list(keys)))
+    def fetch(self, keys: Sequence[bytes], keep: bool = False) -> list[Any]:
+        refs = self._call(self._actor.take.remote(list(keys), keep))
         return self._call(refs)  # type: ignore[no-any-return]
 
     def _call(self, refs: Any) -> Any:

@@ -60,12 +60,13 @@ class FileStore(ObjectStore):
         (self.folder / key.hex()).write_bytes(pickle.dumps(item))
         return key
 
-    def fetch(self, keys: Sequence[bytes]) -> list[Any]:
+    def fetch(self, keys: Sequence[bytes], keep: bool = False) -> list[Any]:
         items = []
         for key in keys:
             path = self.folder / key.hex()
             items.append(pickle.loads(path.read_bytes()))
-            path.unlink()
+            if not keep:
+                path.unlink()
         return items
 
 

@@ -896,7 +896,7 @@ def test_items_without_a_version_are_never_skipped() -> None:
 
 def test_a_waiting_get_batch_discards_stale_items_as_they_come() -> None:
     discarded: list[Any] = []
-    queues, replies = WeightedQueues(on_stale=discarded.append), Replies()
+    queues, replies = WeightedQueues(on_gone=discarded.append), Replies()
     ticket = queues.get_batch("q", 3, replies("batch"), min_version=2)
     assert isinstance(ticket, Ticket)
     for item, version in (("a", 2), ("b", 1), ("c", 3), ("d", 1), ("e", 2)):
@@ -908,7 +908,7 @@ def test_a_waiting_get_batch_discards_stale_items_as_they_come() -> None:
 
 def test_get_nowait_discards_stale_items_and_takes_what_a_waiting_put_brings() -> None:
     discarded: list[Any] = []
-    queues, replies = WeightedQueues(maxsize=1, on_stale=discarded.append), Replies()
+    queues, replies = WeightedQueues(maxsize=1, on_gone=discarded.append), Replies()
     queues.put("q", "old", 1, replies("p1"), version=1)
     blocked = queues.put("q", "next", 1, replies("p2"), version=3)
     assert isinstance(blocked, Ticket)

@@ -1,10 +1,12 @@
 """Channels between workers on two nodes of each executor (tests/runtime_clusters.py): names shared by driver and
-workers, producers and consumers on both nodes losing nothing, close, payloads across nodes, balanced batches. The
-Ray executor's own hosting (where its channel actors run, a killed actor, its object store) is tested in
-tests/plugins/ray/test_channels.py."""
+workers, producers and consumers on both nodes losing nothing, close, payloads across nodes, balanced batches, and
+the items a killed worker held going back to their queue. The Ray executor's own hosting (where its channel actors
+run, a killed actor, its object store) is tested in tests/plugins/ray/test_channels.py."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
 
@@ -112,3 +114,24 @@ def test_get_batch_per_rank_balances_weight_where_equal_counts_do_not(peers: hwp
     weight_imbalance = [hwplace.imbalance([taken[s] for taken in by_weight]) for s in range(steps)]
     count_imbalance = [hwplace.imbalance([taken[s] for taken in by_count]) for s in range(steps)]
     assert sum(weight_imbalance) < sum(count_imbalance)
+
+
+@pytest.mark.time_limit(120)  # the loop below waits for the host to see the worker gone: it must, or this fails
+def test_a_killed_workers_held_items_go_back_to_the_head_with_weights_and_versions(cluster: hwplace.Cluster) -> None:
+    taker = Peer.create_group().launch(cluster, hwplace.NodePlacementStrategy([1]), name=fresh("taker"))
+    channel = hwplace.Channel.create(fresh("held"))  # its host on node 0, the taker on node 1
+    try:
+        for n, (weight, version) in enumerate([(1, 1), (2, None), (1, 3)]):
+            channel.put(f"item {n}", weight=weight, version=version)
+        [(pid, taken)] = taker.hold(channel, 3).wait(timeout=60)
+        assert taken == ["item 0", "item 1"]
+        assert channel.stats().held == 2
+        os.kill(pid, signal.SIGKILL)
+        while channel.stats().held:  # until the host sees the worker's connection close
+            time.sleep(0.05)
+        assert channel.stats() == hwplace.QueueStats(puts=3, gets=2, stale=0, size=3, redelivered=2, held=0)
+        assert channel.get_batch(3, min_version=2, timeout=10) == ["item 1", "item 2"]  # item 0 is of version 1
+        assert channel.stats().stale == 1
+    finally:
+        channel.close()
+        taker.shutdown()

@@ -192,13 +192,13 @@ class Hub:
         with self._lock:
             self._held(name)[key] = item
 
-    def fetch(self, name: str, keys: Sequence[bytes]) -> list[bytes]:
+    def fetch(self, name: str, keys: Sequence[bytes], keep: bool = False) -> list[bytes]:
         with self._lock:
             held = self._held(name)
             missing = [key for key in keys if key not in held]
             if missing:
                 raise ChannelLost(f"channel {name!r}: {len(missing)} item(s) stored by reference are gone")
-            return [held.pop(key) for key in keys]
+            return [held[key] if keep else held.pop(key) for key in keys]
 
     def _held(self, name: str) -> dict[bytes, bytes]:
         found = self._channels.get(name)

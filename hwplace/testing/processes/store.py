@@ -28,8 +28,8 @@ class ProcessObjectStore(ObjectStore):
         self._call("stash", key, pickle.dumps(item, protocol=5))
         return key
 
-    def fetch(self, keys: Sequence[bytes]) -> list[Any]:
-        return [pickle.loads(data) for data in self._call("fetch", list(keys))]
+    def fetch(self, keys: Sequence[bytes], keep: bool = False) -> list[Any]:
+        return [pickle.loads(data) for data in self._call("fetch", list(keys), keep)]
 
     def _call(self, op: str, *args: Any) -> Any:
         try:

@@ -1,9 +1,11 @@
 """Channels on a real two-node Ray cluster, what is Ray's own: hosts where asked (Ray nodes), a killed channel actor,
-large items through Ray's object store. The executor-independent channel tests are in
-tests/runtime/test_channels_groups.py."""
+large items through Ray's object store (also held ones, kept by the channel's actor until acknowledged). The
+executor-independent channel tests are in tests/runtime/test_channels_groups.py."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import numpy as np
@@ -106,3 +108,23 @@ def test_a_large_item_whose_producer_died_is_reported_lost(cluster: hwplace.Clus
     time.sleep(1.0)
     with pytest.raises(hwplace.ChannelLost, match=r"lost, most likely with the process that put it"):
         channel.get(timeout=30)
+
+
+@pytest.mark.time_limit(120)  # the loop below waits for the host to see the worker gone: it must, or this fails
+def test_a_large_held_item_stays_with_the_channel_actor_until_acknowledged(cluster: hwplace.Cluster) -> None:
+    channel = hwplace.Channel.create(fresh("held-large"))
+    taker = Peer.create_group().launch(cluster, hwplace.NodePlacementStrategy([1]), name=fresh("taker"))
+    try:
+        channel.put(np.full(1 << 20, 7, dtype=np.float32), weight=1)  # by reference: the driver, its producer, lives
+        [(pid, [array])] = taker.hold(channel, 1).wait(timeout=60)
+        assert float(array[0]) == 7.0
+        os.kill(pid, signal.SIGKILL)
+        while channel.stats().held:  # until the channel's actor sees the worker's connection close
+            time.sleep(0.05)
+        again = channel.get_batch(1, ack=False, timeout=30)  # fetched a second time: the actor kept it
+        assert float(again[0][0]) == 7.0
+        channel.ack(again)
+        assert channel.stats() == hwplace.QueueStats(puts=1, gets=2, stale=0, size=0, redelivered=1, held=0)
+    finally:
+        channel.close()
+        taker.shutdown()
