@@ -88,3 +88,48 @@ def test_a_dead_raylet_is_a_hwplace_error_everywhere_and_leaves_no_process() -> 
     assert "its node may be gone" in found["launch there"] or "the node may be gone" in found["launch there"]
     assert [m for m in found["shutdown says"] if "Ray could not stop rank(s) 0 (node 1, " in m], found
     assert found["worker alive"] is False
+
+
+RESTART_DRIVER = r"""
+import json, os, signal, time
+import ray
+import hwplace
+from hwplace.testing import local_ray_cluster
+
+class Probe(hwplace.Worker):
+    def pids(self):
+        return os.getpid(), os.getppid()
+
+found = {}
+fast = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "2"}
+with local_ray_cluster(2, env_vars=fast):
+    config = {"num_nodes": 2, "component_placement": {"p": {"node_group": "node", "placement": "1"}}}
+    cluster = hwplace.Cluster(config)
+    strategy = hwplace.ComponentPlacement({"cluster": config}, cluster).get_strategy("p")
+    group = Probe.create_group().launch(cluster, strategy, name="probe", restart=hwplace.Restart(max_restarts=2))
+    worker, raylet = group.pids().wait(timeout=60)[0]
+    os.kill(raylet, signal.SIGKILL)
+    for _ in range(240):  # its restarts are tried, and fail: nothing can start on a node that is gone
+        status = group.status()[0]
+        if status.state == "dead":
+            break
+        time.sleep(0.5)
+    found["state"], found["restarts"], found["cause"] = status.state, status.restarts, status.cause
+    try:
+        group.pids().wait(timeout=60)
+        found["call"] = "answered"
+    except hwplace.WorkerError as exc:
+        found["call"] = str(exc)
+    group.shutdown()
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.time_limit(280)
+def test_a_restartable_rank_whose_node_is_gone_ends_dead_with_a_cause_naming_the_node() -> None:
+    found = run_driver(RESTART_DRIVER, timeout=250)
+    assert found["state"] == "dead", found
+    assert "node 1" in found["cause"], found
+    assert "gone" in found["cause"] or "died" in found["cause"], found
+    assert found["call"].startswith("group 'probe' rank 0 on node 1: cannot call 'pids': "), found
+    assert "restarts are used up" in found["call"], found
