@@ -12,7 +12,7 @@ from typing import Any
 
 from hwplace.config.grammar import parse_range
 from hwplace.foundation.errors import ConfigError
-from hwplace.foundation.wording import did_you_mean
+from hwplace.foundation.wording import did_you_mean, safe_repr
 
 MAX_NODES = 100_000  # far beyond any cluster; bounds what a typo such as num_nodes: 10000000000 can cost
 LABEL = re.compile(r"^[A-Za-z0-9_.-]{1,128}\Z")
@@ -24,6 +24,16 @@ def check_keys(mapping: Mapping[Any, Any], allowed: Sequence[str], path: str) ->
         if key not in allowed:
             raise ConfigError(f"{path}.{key}", "unknown key",
                               allowed=f"allowed keys: {', '.join(allowed)}{did_you_mean(str(key), allowed)}")
+
+
+def component(name: Any, path: str, components: Sequence[str]) -> str:
+    """``name`` when it is one of ``components`` (those of ``cluster.component_placement``), else a
+    ``ConfigError`` at ``path`` with a did-you-mean and the list."""
+    if not isinstance(name, str) or name not in components:
+        hint = did_you_mean(name, list(components)) if isinstance(name, str) else ""
+        raise ConfigError(path, f"{safe_repr(name)} is not a component of component_placement{hint}",
+                          allowed="components: " + ", ".join(components))
+    return name
 
 
 def mapping(value: Any, path: str) -> Mapping[str, Any]:

@@ -14,11 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hwplace.config.checks import LABEL, check_keys, mapping
+from hwplace.config.checks import LABEL, check_keys, component, mapping
 from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.frozen import FrozenDict
 from hwplace.foundation.sizes import parse_size
-from hwplace.foundation.wording import did_you_mean, safe_repr
 
 KEYS = ("memory",)  # the keys of one resources entry; profiles come later (SPEC §13)
 OFFLOADED = "offloaded"
@@ -81,10 +80,7 @@ def parse_resources(section: Any, components: Sequence[str]) -> tuple[ComponentR
     records = []
     for name, entry in entries.items():
         path = f"resources.{name}"
-        if not isinstance(name, str) or name not in components:
-            hint = did_you_mean(name, components) if isinstance(name, str) else ""
-            raise ConfigError(path, f"{safe_repr(name)} is not a component of component_placement{hint}",
-                              allowed="components: " + ", ".join(components))
+        component(name, path, components)
         entry = mapping(entry, path)
         check_keys(entry, KEYS, path)
         if "memory" not in entry:

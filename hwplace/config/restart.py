@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hwplace.config.checks import check_keys, component
 from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.frozen import FrozenDict
 from hwplace.foundation.wording import did_you_mean, safe_repr
@@ -62,17 +63,11 @@ def parse_restart(section: Any, components: Sequence[str]) -> Mapping[str, Resta
     policies = {}
     for name, entry in section.items():
         path = f"restart.{name}"
-        if not isinstance(name, str) or name not in components:
-            hint = did_you_mean(name, list(components)) if isinstance(name, str) else ""
-            raise ConfigError(path, f"{safe_repr(name)} is not a component of component_placement{hint}",
-                              allowed="components: " + ", ".join(components))
+        component(name, path, components)
         if not isinstance(entry, Mapping):
             raise ConfigError(path, "is a mapping with max_restarts (and scope)", value=entry,
                               allowed="{max_restarts: 3, scope: rank}")
-        unknown = sorted(set(map(str, entry)) - set(KEYS))
-        if unknown:
-            raise ConfigError(f"{path}.{unknown[0]}", "is not a restart key",
-                              allowed=", ".join(KEYS) + did_you_mean(unknown[0], KEYS))
+        check_keys(entry, KEYS, path)
         if "max_restarts" not in entry:
             raise ConfigError(f"{path}.max_restarts", "is missing", allowed="a whole number, 0 or more")
         check_restart(entry["max_restarts"], entry.get("scope", "rank"), path)
