@@ -131,10 +131,17 @@ class Supervisor:
             return False
         ranks = [rank] if self.policy.scope == "rank" else list(range(len(self._placements)))
         attempt = self._used[rank] + 1
+        try:
+            handle = self._executor.restart(self._runtime, ranks, attempt, cause)  # under the lock: see close()
+        except Exception as exc:  # nothing could start (the executor's session ended, say): the rank is dead
+            self._states[rank] = DEAD
+            self._causes[rank] = f"{cause}; its restart could not start: {first_line(exc)}"
+            self.failure = WorkerError(self._causes[rank], group=self.name, rank=rank,
+                                       node_rank=self._placements[rank].node_rank)
+            return False
         for r in ranks:
             self._states[r] = RESTARTING
             self._used[r] = attempt
-        handle = self._executor.restart(self._runtime, ranks, attempt, cause)  # under the lock: see close()
         threading.Thread(target=self._await, args=(ranks, handle), name=f"hwplace-restart-{self.name}",
                          daemon=True).start()
         return True
@@ -143,8 +150,8 @@ class Supervisor:
         """Wait for the restarted ranks' constructors; one that fails (or a node gone) is another death."""
         try:
             handle.wait()
-        except WorkerError as exc:
-            failed = exc.rank if exc.rank in ranks else ranks[0]
+        except Exception as exc:  # a constructor raised, the node is gone, the session ended
+            failed = exc.rank if isinstance(exc, WorkerError) and exc.rank in ranks else ranks[0]
             with self._lock:
                 if self._closed:
                     return

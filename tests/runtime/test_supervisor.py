@@ -1,0 +1,176 @@
+"""The restart bookkeeping alone (hwplace.runtime.restarts): a group's Supervisor against an executor of this file
+whose restarts succeed, fail or cannot start as each test says; and Incarnations, which tells each death once.
+The end-to-end behaviour on Ray and the process executor is tests/runtime/test_restarts.py."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+import hwplace
+from hwplace.executor import GroupRuntime, Handle, Incarnations, Restarts
+from hwplace.runtime.restarts import Supervisor, on_group_failure
+from hwplace.testing import fake_cluster
+
+PLACEMENTS = tuple(hwplace.PackedPlacementStrategy(0, 1).get_placement(fake_cluster(num_nodes=1,
+                                                                                    accelerators_per_node=4)))
+
+
+class Done(Handle):
+    """A restart's constructors: finished, or failed with ``error``."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+    def wait(self, timeout: float | None = None) -> list[Any]:
+        if self.error is not None:
+            raise self.error
+        return [None]
+
+
+class Executor(Restarts):
+    """Restarts that answer as ``outcomes`` says, one per restart (then success); records what it was asked."""
+
+    def __init__(self, *outcomes: BaseException | str | None) -> None:
+        self.outcomes = list(outcomes)
+        self.asked: list[tuple[list[int], int, str]] = []
+        self.restarted = threading.Event()
+        self.on_death: Callable[[int, str], bool] | None = None
+
+    def watch(self, runtime: GroupRuntime, on_death: Callable[[int, str], bool]) -> None:
+        self.on_death = on_death
+
+    def restart(self, runtime: GroupRuntime, ranks: Sequence[int], attempt: int, cause: str) -> Handle:
+        self.asked.append((list(ranks), attempt, cause))
+        outcome = self.outcomes.pop(0) if self.outcomes else None
+        if outcome == "cannot start":
+            raise RuntimeError("the session ended")
+        self.restarted.set()
+        return Done(outcome if isinstance(outcome, BaseException) else None)
+
+
+def supervised(policy: hwplace.Restart | None, executor: Executor) -> Supervisor:
+    supervisor = Supervisor("g", PLACEMENTS, policy, executor, GroupRuntime())
+    supervisor.start()
+    return supervisor
+
+
+def settled(supervisor: Supervisor) -> list[tuple[str, int]]:
+    """Each rank's (state, restarts) once no rank is restarting (the test's limit bounds the wait)."""
+    while any(s.state == "restarting" for s in supervisor.status()):
+        threading.Event().wait(0.01)
+    return [(s.state, s.restarts) for s in supervisor.status()]
+
+
+@pytest.mark.time_limit(30)
+def test_a_rank_is_restarted_alone_until_its_restarts_are_used_up() -> None:
+    executor = Executor()
+    supervisor = supervised(hwplace.Restart(2), executor)
+    assert executor.on_death is not None
+    assert supervisor.died(1, "killed") is True
+    assert settled(supervisor) == [("serving", 0), ("serving", 1)]
+    assert executor.asked == [([1], 1, "killed")]
+    assert supervisor.died(1, "killed again") is True
+    assert settled(supervisor) == [("serving", 0), ("serving", 2)]
+    assert supervisor.failure is None
+    assert supervisor.died(1, "for good") is False
+    assert settled(supervisor) == [("serving", 0), ("dead", 2)]
+    assert supervisor.failure is not None
+    assert str(supervisor.failure) == "group 'g' rank 1 on node 0: for good; its restarts are used up (2 of 2)"
+    assert supervisor.died(1, "once more") is False  # dead stays dead
+    assert supervisor.status()[1].cause == "for good"
+
+
+@pytest.mark.time_limit(30)
+def test_scope_group_restarts_every_rank_and_counts_once_for_the_group() -> None:
+    executor = Executor()
+    supervisor = supervised(hwplace.Restart(1, "group"), executor)
+    assert supervisor.died(0, "killed") is True
+    assert supervisor.died(1, "stopped for the restart") is True  # a rank being restarted: no second count
+    assert settled(supervisor) == [("serving", 1), ("serving", 1)]
+    assert executor.asked == [([0, 1], 1, "killed")]
+    assert supervisor.died(1, "again") is False
+    assert settled(supervisor) == [("serving", 1), ("dead", 1)]
+
+
+@pytest.mark.time_limit(30)
+def test_a_failed_restart_counts_as_another_death_and_is_tried_again() -> None:
+    executor = Executor(hwplace.WorkerError("the constructor raised", group="g", rank=1))
+    supervisor = supervised(hwplace.Restart(3), executor)
+    assert supervisor.died(1, "killed") is True
+    assert settled(supervisor) == [("serving", 0), ("serving", 2)]
+    assert [attempt for _, attempt, _ in executor.asked] == [1, 2]
+    assert executor.asked[1][2].startswith("its restart failed: group 'g' rank 1: the constructor raised")
+
+
+@pytest.mark.time_limit(30)
+def test_a_restart_that_cannot_start_leaves_the_rank_dead_naming_why() -> None:
+    executor = Executor("cannot start")
+    supervisor = supervised(hwplace.Restart(3), executor)
+    assert supervisor.died(0, "killed") is False
+    assert settled(supervisor) == [("dead", 0), ("serving", 0)]
+    assert supervisor.status()[0].cause == "killed; its restart could not start: the session ended"
+    assert supervisor.failure is not None
+
+
+@pytest.mark.time_limit(30)
+def test_without_restarts_a_death_leaves_the_rank_dead_and_the_group_serving() -> None:
+    executor = Executor()
+    supervisor = supervised(None, executor)
+    assert supervisor.died(0, "killed") is False
+    assert settled(supervisor) == [("dead", 0), ("serving", 0)]
+    assert supervisor.failure is None  # today's rule: the others serve on
+    assert executor.asked == []
+
+
+@pytest.mark.time_limit(30)
+def test_deaths_after_close_are_the_group_s_end_and_listeners_hear_of_a_failure_once() -> None:
+    heard: list[str] = []
+    remove = on_group_failure(lambda error: heard.append(str(error.rank)))
+    try:
+        changes: list[list[str]] = []
+        supervisor = Supervisor("g", PLACEMENTS, hwplace.Restart(1), Executor(), GroupRuntime(),
+                                lambda ranks: changes.append([s.state for s in ranks]))
+        supervisor.start()
+        assert supervisor.died(0, "killed") is True
+        settled(supervisor)
+        assert supervisor.died(0, "again") is False
+        assert supervisor.died(1, "and rank 1") is True
+        settled(supervisor)
+        assert heard == ["0"]  # told once, of the death that used up the restarts
+        assert changes[0] == ["restarting", "serving"]
+        assert ["dead", "serving"] in changes
+        supervisor.close()
+        assert supervisor.died(1, "shut down") is False
+    finally:
+        remove()
+    remove()  # a second removal does nothing
+
+
+def test_incarnations_tell_each_death_once_and_count_a_replaced_process_as_restarted() -> None:
+    told: list[tuple[int, str]] = []
+    published: list[tuple[tuple[int, ...], tuple[str, ...]]] = []
+    incarnations = Incarnations(2)
+    assert incarnations.died(0, 0, "before any watch") is False
+
+    def on_death(rank: int, cause: str) -> bool:
+        told.append((rank, cause))
+        return True  # always "will restart"
+
+    incarnations.watch(on_death)
+    incarnations.publish(lambda current, states: published.append((current, states)))
+    assert incarnations.died(0, 0, "killed") is True
+    assert incarnations.died(0, 0, "seen again by a call") is True
+    assert told == [(0, "killed")]
+    assert published[-1] == ((0, 0), ("restarting", "serving"))
+    assert incarnations.replace(0) == 1
+    assert published[-1] == ((1, 0), ("serving", "serving"))
+    assert incarnations.replace(1) == 1
+    assert incarnations.died(1, 0, "stopped for the restart") is True  # replaced: restarted, not told
+    assert incarnations.died(0, 5, "not a process of this rank") is False
+    assert told == [(0, "killed")]
+    incarnations.close()
+    assert incarnations.died(0, 1, "after the shutdown") is False
