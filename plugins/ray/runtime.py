@@ -8,8 +8,10 @@ travels pickled and is loaded only after hwplace's variables are set in the proc
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
+import queue
 import re
 import threading
 import time
@@ -133,9 +135,8 @@ class RayGroupRuntime(GroupRuntime):
             self._shared = ray.put((payload, request.args, dict(request.kwargs)))  # kept: restarts construct again
         self._host = host
         self.incarnations = Incarnations(len(self.specs))
-        self._watching: dict[int, tuple[int, Any]] = {}  # rank: (incarnation, its pending watch call)
-        self._watch_lock = threading.Lock()
-        self._stopped = threading.Event()
+        self._restart_lock = threading.Lock()
+        self._deaths: queue.SimpleQueue[tuple[int, int, concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
         self.actors = [self._start(rank) for rank in range(len(self.specs))]
 
     def _start(self, rank: int, attempt: int = 0, cause: str = "") -> Any:
@@ -144,35 +145,34 @@ class RayGroupRuntime(GroupRuntime):
         return self._host.options(**_actor_options(spec)).remote(self._shared, context)
 
     def watch(self, on_death: Callable[[int, str], bool]) -> None:
-        """Report each death of a current worker process to ``on_death`` (see ``Restarts.watch``)."""
+        """Report each death of a current worker process to ``on_death`` (see ``Restarts.watch``).
+
+        Each actor has a call pending that never returns (``WorkerHost.watch``); Ray completes its future, from a
+        thread of its own, the moment the actor dies. A thread of this runtime takes those from a queue: nothing
+        of hwplace waits inside Ray, so ``ray.shutdown()`` meanwhile cannot catch a wait in Ray's core worker.
+        """
         self.incarnations.watch(on_death)
-        with self._watch_lock:
-            for rank, actor in enumerate(self.actors):
-                self._watching[rank] = (self.incarnations.current(rank), actor.watch.remote())
         threading.Thread(target=self._watch, name=f"hwplace-watch-{self.name}", daemon=True).start()
+        with self._restart_lock:
+            for rank, actor in enumerate(self.actors):
+                self._watch_actor(rank, self.incarnations.current(rank), actor)
+
+    def _watch_actor(self, rank: int, incarnation: int, actor: Any) -> None:
+        future = actor.watch.remote().future()
+        future.add_done_callback(lambda done: self._deaths.put((rank, incarnation, done)))
 
     def _watch(self) -> None:
-        while not self._stopped.is_set():
-            with self._watch_lock:
-                watched = dict(self._watching)
-            if not watched:
-                self._stopped.wait(0.2)
-                continue
-            try:
-                ready, _ = ray.wait([ref for _, ref in watched.values()], num_returns=1, timeout=1.0)
-            except Exception:  # the Ray session ended: so did the workers, and nothing restarts them
+        while True:
+            item = self._deaths.get()
+            if item is None or session() != self.session:  # shut down, or the Ray session ended
                 return
-            for ref in ready:
-                rank, incarnation = next((r, i) for r, (i, x) in watched.items() if x == ref)
-                with self._watch_lock:
-                    if self._watching.get(rank, (None, None))[1] == ref:
-                        del self._watching[rank]
-                try:
-                    ray.get(ref)
-                    cause = "its watch ended"
-                except ray.exceptions.RayError as exc:
-                    cause = self._death(rank, exc)
-                self.incarnations.died(rank, incarnation, cause)
+            rank, incarnation, done = item
+            try:
+                done.result()
+                cause = "its watch ended"
+            except Exception as exc:
+                cause = self._death(rank, exc)
+            self.incarnations.died(rank, incarnation, cause)
 
     def _death(self, rank: int, error: BaseException) -> str:
         node = self.specs[rank].node
@@ -182,14 +182,13 @@ class RayGroupRuntime(GroupRuntime):
     def restart(self, ranks: Sequence[int], attempt: int, cause: str) -> Handle:
         """Start ``ranks`` again in place (see ``Restarts.restart``); a handle on their constructors."""
         self.check_session("restarting the group")
-        with self._watch_lock:
+        with self._restart_lock:
             for rank in ranks:
                 incarnation = self.incarnations.replace(rank)
-                self._watching.pop(rank, None)
                 with contextlib.suppress(ray.exceptions.RayError, ValueError):
                     ray.kill(self.actors[rank], no_restart=True)
                 self.actors[rank] = self._start(rank, attempt, cause)
-                self._watching[rank] = (incarnation, self.actors[rank].watch.remote())
+                self._watch_actor(rank, incarnation, self.actors[rank])
         return RayHandle(self, tuple(ranks), [self.actors[r].ready.remote() for r in ranks], "the constructor")
 
     def check_session(self, what: str) -> None:
@@ -217,7 +216,7 @@ class RayGroupRuntime(GroupRuntime):
 
     def shutdown(self) -> None:
         self.incarnations.close()
-        self._stopped.set()
+        self._deaths.put(None)
         ended = session() != self.session  # then the workers ended with their session
         if not ended:
             for actor in self.actors:
