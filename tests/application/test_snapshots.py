@@ -14,12 +14,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import hwplace
 from hwplace.application.cli import main
-from hwplace.application.snapshots import SnapshotFolder
+from hwplace.application.snapshots import SnapshotFolder, load_states
 from hwplace.errors import ConfigError
 from hwplace.testing import process_cluster
 
@@ -192,6 +193,60 @@ def test_folders_are_checked_and_snapshot_without_one_says_so_once(tmp_path: Pat
     assert [step for step, _ in SnapshotFolder(tmp_path / "empty").steps()] == [0]
 
 
+class Forgetful(hwplace.Worker):
+    def state_dict(self):
+        return {}
+
+
+def test_snapshot_refuses_what_could_not_be_resumed_and_keeps_the_channels_it_is_given(tmp_path: Path) -> None:
+    placement_cfg = {"component_placement": {"loader": "0", "forgetful": "1"}}
+    folder = SnapshotFolder(tmp_path / "s")
+    with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:
+        config = {"cluster": cluster.config}
+        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), snapshots=folder)
+        made = hwplace.Channel.create("made-elsewhere", cluster=cluster)  # by a worker, say: not job.channel's
+        try:
+            loader = job.launch(Loader, "loader", made)
+            loader.feed(3, 3).wait()
+            path = job.snapshot(5, "state", channels=[made])
+            assert path == tmp_path / "s" / "snapshot-000000000005.pkl"
+            with pytest.raises(ConfigError, match=r"step: is before that of the newest snapshot in .* \(5\) "
+                                                  r"\(got 4\); steps that grow from one snapshot to the next"):
+                job.snapshot(4)
+            job.launch(Forgetful, "forgetful")
+            with pytest.raises(ConfigError, match="group 'forgetful': Forgetful defines state_dict\\(\\) but not "
+                                                  "load_state_dict\\(state\\), so a resumed job could not put the "
+                                                  "state back; define both, or neither"):
+                job.snapshot(6)
+        finally:
+            job.shutdown()
+    with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:
+        config = {"cluster": cluster.config}
+        found = folder.newest()
+        assert found is not None
+        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), resume_from=found)
+        try:
+            assert (job.resumed.step, job.resumed.state) == (5, "state")  # type: ignore[union-attr]
+            again = hwplace.Channel.create("made-elsewhere", cluster=cluster)
+            assert job.refill(again)
+            assert [again.get(queue_name="raw", timeout=10) for _ in range(3)] == [0, 1, 2]
+            loader = job.launch(Loader, "loader", again)
+            assert loader.feed(1, 10).wait() == [4]  # its cursor came back: 3, then one more
+            assert not job.refill(hwplace.Channel.create("not-in-it", cluster=cluster))
+        finally:
+            job.shutdown()
+
+
+def test_a_group_resumed_with_another_rank_count_or_without_load_state_dict_is_named() -> None:
+    group = SimpleNamespace(name="trainer", world_size=2, worker_class=Trainer)
+    with pytest.raises(ConfigError, match="group 'trainer': has 2 ranks, but the snapshot resumed from holds the "
+                                          "state of 1; resume with the placement the snapshot was taken with"):
+        load_states(group, [{"history": []}])  # type: ignore[arg-type]
+    group = SimpleNamespace(name="stage", world_size=1, worker_class=Stage)
+    with pytest.raises(ConfigError, match="group 'stage': Stage has no load_state_dict"):
+        load_states(group, [{}])  # type: ignore[arg-type]
+
+
 # -- atomic writes --------------------------------------------------------------------------------------------
 
 def test_snapshots_keep_the_newest_and_pass_over_a_torn_file(tmp_path: Path) -> None:
@@ -213,7 +268,7 @@ def test_snapshots_keep_the_newest_and_pass_over_a_torn_file(tmp_path: Path) -> 
 
 WRITER = """\
 import os, sys, time
-from hwplace.application.snapshots import SnapshotFolder
+from hwplace.application.snapshots import SnapshotFolder, load_states
 
 
 class Slow:
