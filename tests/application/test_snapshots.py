@@ -331,7 +331,9 @@ def test_a_driver_killed_at_random_instants_and_resumed_trains_on_every_input_ex
     config, snapshots, summary = job_files(tmp_path), tmp_path / "snapshots", tmp_path / "summary.json"
     snapshots.mkdir()
     marker = tmp_path / "started"
-    settings = ["job.steps=16", "job.per_step=3", "job.total=48", "job.pause=0.05", f"job.marker={marker}"]
+    # 60 steps of at least 0.05 s: six kills, each at most 0.6 s past the start or 0.3 s past a new snapshot,
+    # cannot reach the end, so every attempt is killed
+    settings = ["job.steps=60", "job.per_step=3", "job.total=180", "job.pause=0.05", f"job.marker={marker}"]
     command = [sys.executable, "-c", DRIVER, str(config), *settings, "--resume", str(snapshots), "--summary",
                str(summary)]
     rng = random.Random(23)
@@ -347,7 +349,7 @@ def test_a_driver_killed_at_random_instants_and_resumed_trains_on_every_input_ex
             # then anywhere: launching groups, inside a step, while a snapshot is written
             while attempt % 2 and newest_step(snapshots) == before and child.poll() is None:
                 time.sleep(0.01)
-            time.sleep(rng.uniform(0.0, 0.4 if attempt % 2 else 1.0))
+            time.sleep(rng.uniform(0.0, 0.3 if attempt % 2 else 0.6))
             if child.poll() is None:
                 os.kill(child.pid, signal.SIGKILL)
                 killed_at.append(newest_step(snapshots))
@@ -356,6 +358,7 @@ def test_a_driver_killed_at_random_instants_and_resumed_trains_on_every_input_ex
             child.wait()
         if summary.exists():
             break
+    print(f"killed at the newest snapshot steps {killed_at}")
     assert len(killed_at) >= 3, killed_at
     assert len(set(killed_at)) >= 2, killed_at  # resumed from more than one point
     if not summary.exists():  # the last run, undisturbed
@@ -363,4 +366,4 @@ def test_a_driver_killed_at_random_instants_and_resumed_trains_on_every_input_ex
         assert finished.returncode == 0, finished.stderr
     result = json.loads(summary.read_text())
     assert result["resumed"] is not None
-    assert sorted(result["history"]) == list(range(48))  # every input the cursor handed out, once
+    assert sorted(result["history"]) == list(range(180))  # every input the cursor handed out, once
