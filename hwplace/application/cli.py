@@ -168,7 +168,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         with _worker_output(args.worker_output), recording(args.trace, args.profile, config):
             result = run_job(config, accelerators_per_node=counts, out=out,
-                             base=os.path.dirname(os.path.abspath(args.config)), job_name=_stem(args.config))
+                             base=os.path.dirname(os.path.abspath(args.config)), job_name=_stem(args.config),
+                             snapshots=args.snapshots, resume=args.resume, keep_snapshots=args.keep_snapshots)
     except ConfigError as exc:  # the simulated cluster's shape is the option's mistake: name the option
         if exc.path != "accelerators_per_node":
             raise
@@ -272,6 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "with a track per worker (open it in ui.perfetto.dev; hwplace report FILE sums it up)")
     run.add_argument("--profile", metavar="FILE", help="write each component's stage durations and peak memory per "
                      "phase to FILE, as JSON (what plan --search reads)")
+    run.add_argument("--snapshots", metavar="DIR", help="keep the snapshots job.snapshot(step, state) takes in DIR "
+                     "(made if missing; written atomically): docs/resilience.md")
+    run.add_argument("--resume", metavar="DIR", help="continue from the newest snapshot in DIR (an empty DIR starts "
+                     "from the beginning); new snapshots go there too unless --snapshots names another folder")
+    run.add_argument("--keep-snapshots", type=int, default=2, metavar="N",
+                     help="how many of the newest snapshots to keep (default 2)")
     run.set_defaults(run=_run)
     report = commands.add_parser("report", help="sum up a trace of hwplace run --trace: each device's idle share "
                                  "per stage and the longest waits")

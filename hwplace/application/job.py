@@ -23,10 +23,22 @@ from typing import Any, TextIO, TypeVar
 
 from hwplace.application.notes import print_notes
 from hwplace.application.report import print_cluster, print_plan, print_sync_plans, sync_plans
+from hwplace.application.snapshots import (
+    FORMAT,
+    Resumed,
+    SnapshotFolder,
+    channel_contents,
+    group_states,
+    load_states,
+    refill,
+    snapshot_folders,
+    step_of,
+)
+from hwplace.channels.channel import Channel
 from hwplace.config.job_config import JobConfig, parse_job_config
 from hwplace.config.restart import Restart
 from hwplace.contracts.capabilities import Leases
-from hwplace.foundation.errors import ConfigError, PlacementError, WorkerError
+from hwplace.foundation.errors import ConfigError, HwplaceError, PlacementError, WorkerError
 from hwplace.foundation.wording import did_you_mean, plural, safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.inventory.local import local_cluster
@@ -47,13 +59,24 @@ W = TypeVar("W", bound=Worker)
 
 class Job:
     """What a job's entry point receives: ``config`` (the whole file, a plain dict of its own), ``cluster`` and
-    ``placement``, plus helpers."""
+    ``placement``, plus helpers.
 
-    def __init__(self, config: Mapping[str, Any] | JobConfig, cluster: Cluster, placement: ComponentPlacement) -> None:
+    ``snapshots`` is the folder :meth:`snapshot` writes to (``hwplace run --snapshots DIR``), ``resume_from`` the
+    snapshot record (and its file) a resumed job continues from: ``job.resumed`` then says its step and state.
+    """
+
+    def __init__(self, config: Mapping[str, Any] | JobConfig, cluster: Cluster, placement: ComponentPlacement, *,
+                 snapshots: SnapshotFolder | None = None,
+                 resume_from: tuple[Mapping[str, Any], Path] | None = None) -> None:
         self.config = config.to_dict() if isinstance(config, JobConfig) else dict(config)
         self.cluster = cluster
         self.placement = placement
         self.groups: dict[str, WorkerGroup] = {}  # launched through this job, in launch order
+        self.channels: dict[str, Channel] = {}  # created through job.channel, by name
+        self.snapshots = snapshots
+        self._record: Mapping[str, Any] = resume_from[0] if resume_from else {}
+        self.resumed = Resumed(self._record["step"], self._record["state"], resume_from[1]) if resume_from else None
+        self._told = False
 
     def settings(self, **defaults: Any) -> SimpleNamespace:
         """The job's own settings: ``defaults`` overridden by the config's ``job:`` section.
@@ -85,13 +108,65 @@ class Job:
             self.cluster, self.placement.get_strategy(component), name=name or component,
             isolate_accelerator=isolate_accelerator, restart=policy)
         self.groups[group.name] = group
+        states = self._record.get("groups", {}).get(group.name)
+        if states is not None:  # a resumed job: each rank gets its state back before the group is used
+            try:
+                load_states(group, states)
+            except BaseException:
+                group.shutdown()
+                del self.groups[group.name]
+                raise
         return group
 
+    def channel(self, name: str, maxsize: int = 0, *, group_affinity: str | None = None,
+                group_rank_affinity: int | None = None) -> Channel:
+        """Create channel ``name`` on the job's cluster (as :meth:`hwplace.Channel.create`), closed with the job;
+        :meth:`snapshot` keeps its contents, and in a resumed job it starts with what the snapshot held of the
+        channel of that name."""
+        made = Channel.create(name, maxsize, group_affinity=group_affinity, group_rank_affinity=group_rank_affinity,
+                              cluster=self.cluster)
+        self.channels[name] = made
+        self.refill(made)
+        return made
+
+    def refill(self, channel: Channel) -> bool:
+        """Put back what the snapshot this job resumed from holds of the channel of ``channel``'s name (one that
+        ``snapshot(channels=...)`` named, created by a worker, say); whether it held any. Call it on a channel
+        nobody uses yet; :meth:`channel` does."""
+        return refill(channel, self._record.get("channels", {}))
+
+    def snapshot(self, step: int, state: Any = None, *, channels: Sequence[Channel] | None = None) -> Path | None:
+        """Record the job at this step: ``step`` (a whole number, growing), the driver's ``state`` (anything
+        that pickles), each launched group's ranks' ``state_dict()`` where the worker class defines one, and
+        the contents of ``channels`` (default: those made by :meth:`channel`), each one consistent cut with
+        held items counted as not taken. Call it at a step boundary: when no worker method that hands out data
+        runs. Written atomically into the ``--snapshots`` folder; returns the file. Without a folder it keeps
+        nothing, says so once on stderr and returns ``None``. See docs/resilience.md."""
+        step = step_of(step)
+        if self.snapshots is None:
+            if not self._told:
+                self._told = True
+                sys.stderr.write(f"hwplace: note: job.snapshot(step {step}) keeps nothing: run with --snapshots DIR "
+                                 "to keep snapshots (said once)\n")
+            return None
+        newest = self.snapshots.steps()[-1:]
+        if newest and step < newest[0][0]:
+            raise ConfigError("step", f"is before that of the newest snapshot in {self.snapshots.path} "
+                              f"({newest[0][0]})", value=step, allowed="steps that grow from one snapshot to the next")
+        record = {"format": FORMAT, "step": step, "state": state, "groups": group_states(self.groups),
+                  "channels": channel_contents(list(self.channels.values()) if channels is None else channels)}
+        return self.snapshots.write(step, record)
+
     def shutdown(self) -> None:
-        """Shut down every group launched through this job, the last launched first."""
+        """Shut down every group launched through this job, the last launched first, then close the channels
+        made by :meth:`channel`."""
         for group in reversed(list(self.groups.values())):
             group.shutdown()
         self.groups.clear()
+        for channel in self.channels.values():
+            with contextlib.suppress(HwplaceError):  # closed already, or its host is gone
+                channel.close()
+        self.channels.clear()
 
 
 def _typed(value: Any, default: Any, path: str) -> Any:
@@ -246,6 +321,9 @@ def run_job(
     base: str | os.PathLike[str] | None = None,
     out: TextIO | None = None,
     job_name: str | None = None,
+    snapshots: str | os.PathLike[str] | None = None,
+    resume: str | os.PathLike[str] | None = None,
+    keep_snapshots: int = 2,
 ) -> Any:
     """Run a job: connect the cluster, place every component, print the plan, call ``job.entrypoint``.
 
@@ -258,8 +336,16 @@ def run_job(
     cluster it joined (address and nodes) and the plan before calling the entry point. The job's name (``hwplace
     status``, lease conflicts) is ``job.name``, else ``job_name``, else its config file's: ``pipeline.yaml``
     runs as job ``pipeline``. Every device of the plan is leased to the job before the entry point runs
-    (:func:`leased_plan`). Returns what the entry point returns.
+    (:func:`leased_plan`). ``job.snapshot`` writes into the folder ``snapshots`` (keeping the newest
+    ``keep_snapshots``); ``resume`` names a folder whose newest snapshot the job continues from (and keeps its
+    snapshots in, unless ``snapshots`` names another): the groups launched get their ranks' state back, channels
+    made with ``job.channel`` their items, and the entry point reads ``job.resumed``. Returns what the entry point
+    returns.
     """
+    def say(line: str) -> None:
+        (out or sys.stdout).write(line + "\n")
+
+    folder, resume_from = snapshot_folders(snapshots, resume, keep_snapshots, say)
     job_config = config if isinstance(config, JobConfig) else parse_job_config(config)  # every mistake, up front
     cluster_config = job_config.cluster
     if base is None:
@@ -291,7 +377,7 @@ def run_job(
         print_sync_plans(syncs, out or sys.stdout)
         print_notes(placement, out or sys.stdout)
         with leased_plan(cluster, placement), ended_by_group_failure() as failures:
-            job = Job(job_config, cluster, placement)
+            job = Job(job_config, cluster, placement, snapshots=folder, resume_from=resume_from)
             try:
                 return entry(job)
             except KeyboardInterrupt:

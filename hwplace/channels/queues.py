@@ -22,69 +22,20 @@ back to its caller when the ticket resolves. Rules, per queue:
   :meth:`~WeightedQueues.release` puts what it held back at the head of their queues, in the order they were
   taken, with their weights and versions, and counts them as redelivered. Acknowledging a hold that is not
   the caller's (already acknowledged, or released) is refused with ``NOT_HELD``, and nothing happens.
+- snapshots: :meth:`~WeightedQueues.export` copies out every queue's items in one step, held items counted as
+  not taken; :meth:`~WeightedQueues.restore` puts such a copy into a fresh channel.
 """
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hwplace.channels.tickets import GETS, HELD, PUTS, REDELIVERED, STALE, Entry, QueueStats, Reply, Status, Ticket
 
-class Status(enum.IntEnum):
-    """How a request ended."""
-
-    OK = 0
-    EMPTY = 1
-    FULL = 2
-    TIMEOUT = 3
-    CLOSED = 4
-    NOT_HELD = 5  # an acknowledgement named holds that are not the caller's: nothing happened; the value counts them
-
-
-@dataclass(frozen=True)
-class QueueStats:
-    """What one queue has seen: items that entered (``puts``), items handed out (``gets``, each time: an item
-    redelivered and taken again counts twice), stale items discarded by a ``min_version`` (``stale``), the items
-    it holds now (``size``), items taken with ``ack=False`` that came back because their taker died
-    (``redelivered``), and items taken with ``ack=False`` and not acknowledged yet (``held``, counted in
-    ``gets`` and not in ``size``). ``puts + redelivered == gets + stale + size`` whenever no ``get_batch`` is
-    gathering items."""
-
-    puts: int = 0
-    gets: int = 0
-    stale: int = 0
-    size: int = 0
-    redelivered: int = 0
-    held: int = 0
-
-
-Entry = tuple[Any, float, "int | None"]  # an item, its weight and its version (None: untagged)
-Reply = Callable[[Status, Any], None]
-PUTS, GETS, STALE, REDELIVERED, HELD = range(5)  # the counters kept per queue
-
-
-@dataclass(eq=False)
-class Ticket:
-    """A request that is waiting: a blocked ``put``, ``get`` or ``get_batch``."""
-
-    queue: str
-    reply: Reply
-    target: float | None = None  # get_batch: the weight to reach; None for get and put
-    item: Any = None  # put: the item waiting to enter
-    weight: float = 0.0
-    version: int | None = None  # put: the item's version; get and get_batch: the least version they take
-    taken: list[Entry] = field(default_factory=list)  # get_batch: what it holds so far
-    gathered: float = 0.0  # get_batch: the summed weight of ``taken``
-    holder: Hashable | None = None  # get: who holds what it takes (None: taken outright); put: whose ``acks``
-    acks: Sequence[int] = ()  # put: the holds it acknowledges as it enters
-    done: bool = False
-
-    def resolve(self, status: Status, value: Any = None) -> None:
-        self.done = True
-        self.reply(status, value)
+__all__ = ["Entry", "QueueStats", "Reply", "Status", "Ticket", "WeightedQueues"]
 
 
 @dataclass
@@ -354,6 +305,33 @@ class WeightedQueues:
         queue = self._queue(name)
         queue.items.extendleft(reversed(entries))
         self._count(name, GETS, -len(entries))
+        self._settle(queue)
+        self._forget_if_idle(name, queue)
+        return True
+
+    def export(self) -> dict[str, list[Entry]]:
+        """A copy of every queue's items, as they would stand if every holder let go now: per queue, the held
+        items (in the order taken), then what a waiting ``get_batch`` gathered, then the queued items, with
+        weights and versions. Puts still waiting for room have not happened and are left out. Nothing changes:
+        it is one step, so the copy is a consistent cut of the channel."""
+        copy: dict[str, list[Entry]] = {}
+        for hold in sorted(self._holds):  # hold ids grow: the order taken
+            _, name, entry = self._holds[hold]
+            copy.setdefault(name, []).append(entry)
+        for name, queue in self._queues.items():
+            entries = copy.setdefault(name, [])
+            entries.extend(entry for getter in queue.getters for entry in getter.taken)
+            entries.extend(queue.items)
+        return {name: entries for name, entries in copy.items() if entries}
+
+    def restore(self, name: str, entries: list[Entry]) -> bool:
+        """Put ``entries`` (an :meth:`export`'s) at the head of queue ``name``, in order and past ``maxsize``,
+        counted as puts; ``False`` once the channel is closed (nothing enters)."""
+        if self.closed:
+            return False
+        queue = self._queue(name)
+        queue.items.extendleft(reversed(entries))
+        self._count(name, PUTS, len(entries))
         self._settle(queue)
         self._forget_if_idle(name, queue)
         return True

@@ -23,6 +23,7 @@ from hwplace.channels.wire import (
     CLOSE,
     COMPLETED,
     COUNTS,
+    EXPORT,
     GET,
     GET_BATCH,
     GET_BATCH_HELD,
@@ -42,12 +43,14 @@ from hwplace.channels.wire import (
     REPLY,
     REQUEST,
     REQUEUE,
+    RESTORE,
     STATS,
     STATS_COUNTS,
     TOKEN_SIZE,
     TRAILER,
     UNHOLD,
     WITHDRAWN,
+    join_queue,
     keepalive,
     pack_holds,
     reference_key,
@@ -182,6 +185,9 @@ class _Connection(asyncio.Protocol):
             self.reply(rid, BAD_REQUEST, b"the queue name is not UTF-8")
             return
         queues = self.server.queues
+        if op in (EXPORT, RESTORE):
+            self._snapshot(op, rid, queue, payload)
+            return
         if op >= GET_HELD:  # items held until acknowledged: apart, so that plain requests pay nothing for them
             self._held(op, rid, queue, number, timeout, tag, payload)
             return
@@ -211,7 +217,7 @@ class _Connection(asyncio.Protocol):
             except struct.error:
                 self.reply(rid, BAD_REQUEST, b"a malformed REQUEUE")
                 return
-            if queues.put_back(queue, [(p, w, None if v < 0 else v) for p, w, v in entries]):
+            if queues.put_back(queue, _entries(entries)):
                 self.reply(rid, Status.OK, None)
             else:
                 self.server.drop(payloads)
@@ -236,6 +242,29 @@ class _Connection(asyncio.Protocol):
                 self.server.on_close()
         else:
             self.reply(rid, BAD_REQUEST, f"unknown operation {op}".encode())
+
+    def _snapshot(self, op: int, rid: int, queue: str, payload: bytes) -> None:
+        """A snapshot's request: copy out every queue (``EXPORT``, in this one step: a consistent cut), or put a
+        copied queue's payloads back at the head of ``queue`` (``RESTORE``)."""
+        queues = self.server.queues
+        if op == EXPORT:
+            if queues.closed:
+                self.reply(rid, Status.CLOSED, None)
+            else:
+                self.reply(rid, Status.OK, [join_queue(name, [item for item, _, _ in entries])
+                                            for name, entries in queues.export().items()])
+            return
+        try:
+            payloads = [bytes(p) for p in split_batch(payload)]
+            entries = [(p, *TRAILER.unpack_from(p, len(p) - TRAILER.size)) for p in payloads]
+        except struct.error:
+            self.reply(rid, BAD_REQUEST, b"a malformed RESTORE")
+            return
+        if queues.restore(queue, _entries(entries)):
+            self.reply(rid, Status.OK, None)
+        else:
+            self.server.drop(payloads)
+            self.reply(rid, Status.CLOSED, None)
 
     def _held(self, op: int, rid: int, queue: str, number: float, timeout: float, tag: int | None,
               payload: bytes) -> None:
@@ -313,3 +342,8 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and self.out:
             self.transport.writelines(self.out)
         self.out = []
+
+
+def _entries(payloads: list[tuple[bytes, float, int]]) -> list[tuple[bytes, float, int | None]]:
+    """Payloads with the weight and version their trailers carry (a version below 0: none), as queue entries."""
+    return [(p, w, None if v < 0 else v) for p, w, v in payloads]

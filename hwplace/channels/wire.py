@@ -49,6 +49,9 @@ HELD_GETS = frozenset({GET_HELD, GET_NOWAIT_HELD, GET_BATCH_HELD})
 PUT_ACK, PUT_NOWAIT_ACK = 16, 17  # as PUT and PUT_NOWAIT, acknowledging the holds the payload starts with
 ACK = 18  # acknowledge the holds of the payload; a NOT_HELD reply carries the count of those not held (LENGTH)
 UNHOLD = 19  # put back at the head of their queue the holds a withdrawn held get had been handed
+# A snapshot's: EXPORT copies out every queue's payloads in one step (held ones as not taken), its reply a batch
+# of join_queue parts; RESTORE puts a REQUEUE-like batch at the head of the queue, counted as puts.
+EXPORT, RESTORE = 20, 21
 _HOLD = struct.Struct("!Q")
 TRAILER = struct.Struct("!dq")  # the end of every payload: its weight and version (< 0: none), for a REQUEUE
 INLINE, BY_REFERENCE = b"\x00", b"\x01"  # the first byte of a payload
@@ -81,6 +84,21 @@ def split_batch(data: bytes | bytearray) -> list[bytearray]:
 
 def join_batch(payloads: list[bytes] | list[bytearray]) -> bytes:
     return LENGTH.pack(len(payloads)) + b"".join(LENGTH.pack(len(p)) + bytes(p) for p in payloads)
+
+
+def join_queue(name: str, payloads: list[bytes]) -> bytes:
+    """One queue of an ``EXPORT`` reply: its name, then its payloads as a batch."""
+    encoded = name.encode()
+    return LENGTH.pack(len(encoded)) + encoded + join_batch(payloads)
+
+
+def split_queues(data: bytes | bytearray) -> dict[str, list[bytearray]]:
+    """The queues of an ``EXPORT`` reply, by name, each with its payloads in order."""
+    queues = {}
+    for part in split_batch(data):
+        (size,) = LENGTH.unpack_from(part, 0)
+        queues[bytes(part[LENGTH.size : LENGTH.size + size]).decode()] = split_batch(part[LENGTH.size + size :])
+    return queues
 
 
 def pack_holds(ids: Sequence[int]) -> bytes:

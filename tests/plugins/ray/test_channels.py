@@ -13,6 +13,7 @@ import pytest
 from channel_peers import Peer as ChannelPeer
 
 import hwplace
+from hwplace.channels.snapshot import Stored, export_channel, restore_channel
 from hwplace_plugins.ray.pytest_plugin import LocalRay
 
 ray = pytest.importorskip("ray")
@@ -128,3 +129,24 @@ def test_a_large_held_item_stays_with_the_channel_actor_until_acknowledged(clust
     finally:
         channel.close()
         taker.shutdown()
+
+
+def test_a_snapshot_of_a_ray_channel_fetches_its_stored_items_and_refills_a_fresh_one(cluster: hwplace.Cluster) -> None:
+    channel = hwplace.Channel.create(fresh("snap"))
+    big = np.arange(1 << 18, dtype=np.float64)  # 2 MiB: through Ray's object store, by reference
+    channel.put(big, weight=2, version=3)
+    channel.put("small", weight=1)
+    held = channel.get(ack=False, timeout=30)  # the array, held: counted as not taken
+    contents = export_channel(channel)
+    stored = contents.queues["default"][0]
+    assert isinstance(stored, Stored)
+    assert (stored.weight, stored.version) == (2.0, 3)
+    np.testing.assert_array_equal(stored.item, big)
+    assert contents.items() == [stored.item, "small"]
+    channel.ack(held)  # the host kept the held item through the export: acknowledging it still works
+    fresh_channel = hwplace.Channel.create(fresh("snap-fresh"))
+    restore_channel(fresh_channel, contents)
+    np.testing.assert_array_equal(fresh_channel.get(min_version=3, timeout=30), big)
+    assert fresh_channel.get(timeout=30) == "small"
+    for made in (channel, fresh_channel):
+        made.close()
