@@ -89,7 +89,7 @@ def pair(kv_root: str, me: str, peer: str, gpu: bool) -> Any:
 
         return chosen_device(torch)
 
-    return Pair(connector, (me, 0), entries[me].launch_id, placement(gpu), chosen, entries[peer], 0)
+    return Pair(connector, entries[me], 0, placement(gpu), chosen, entries[peer], 0)
 
 
 def run_peer(function: Callable[..., dict[str, Any]], connection: Connection, *args: Any) -> None:
