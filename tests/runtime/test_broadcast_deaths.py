@@ -1,8 +1,9 @@
 """A broadcast set with a member that dies (hwplace.runtime.messaging.broadcast), on both executors
 (tests/runtime_clusters.py): a member killed before a broadcast, one that dies while the others wait to connect,
-and a source killed while the others wait in a broadcast of a set connected earlier: every survivor's broadcast
-raises a ``WorkerError`` naming the dead member (group, rank, node) rather than wait; a later broadcast over the set
-raises it again. A member restarted in place (``hwplace.Restart``): the next broadcast over the set, which every
+a source killed while the others wait in a broadcast of a set connected earlier, and a member killed while the others
+wait for a live source (gloo never ends that wait): every survivor's broadcast raises a ``WorkerError`` naming the
+dead member (group, rank, node) rather than wait; a later broadcast over the set raises it again. A member restarted
+in place (``hwplace.Restart``): the broadcast it ended says ``restarted``, and the next one over the set, which every
 member calls, the restarted one too, builds the set anew and the value arrives. The survivors' broadcasts have no
 timeout of their own and the test waits for them without one: the module's time limit stands behind a hang."""
 
@@ -26,9 +27,6 @@ ON_NODE_1 = hwplace.NodePlacementStrategy([1])
 
 
 class Member(hwplace.Worker):
-    def pid(self) -> int:
-        return os.getpid()
-
     def share(self, value: Any, src: tuple[str, int], groups: tuple[str, ...], times: int = 1) -> list[str]:
         """What each of ``times`` broadcasts returned (its ``repr``), or the ``WorkerError`` it raised."""
         said = []
@@ -105,13 +103,35 @@ def test_a_source_killed_after_an_earlier_broadcast_fails_the_next_one(cluster: 
         victim.shutdown()
 
 
+def test_a_member_killed_while_the_others_wait_in_a_broadcast_is_named(cluster: hwplace.Cluster) -> None:
+    trainer, victim = launch(cluster, "bt5"), launch(cluster, "bv5", ON_NODE_1)
+    groups = ("bt5", "bv5")
+    try:
+        shared = [trainer.share("one", ("bt5", 0), groups), victim.share("one", ("bt5", 0), groups)]
+        assert [said for handle in shared for said in handle.wait()] == [["'one'"]] * 3
+        # trainer 1 waits for its source, trainer 0, which is alive and has not called yet: gloo sees nothing end
+        waiting = trainer.execute_on(1).share(None, ("bt5", 0), groups)
+        assert victim.die_in(0.5).wait() == [True]
+        [[said]] = waiting.wait()
+        assert said.startswith("WorkerError group=bv5 rank=0 node=1 restarted=False"), said
+        [[said]] = trainer.execute_on(0).share("two", ("bt5", 0), groups).wait()  # the source, later: at once
+        assert said.startswith("WorkerError group=bv5 rank=0 node=1 restarted=False"), said
+    finally:
+        trainer.shutdown()
+        victim.shutdown()
+
+
 def test_a_restarted_member_rejoins_the_set_on_the_next_broadcast(cluster: hwplace.Cluster) -> None:
     trainer, rollout = launch(cluster, "bt4"), launch(cluster, "br4", restart=hwplace.Restart(max_restarts=1))
     groups = ("bt4", "br4")
     try:
         shared = [trainer.share("one", ("bt4", 0), groups), rollout.share("one", ("bt4", 0), groups)]
         assert [said for handle in shared for said in handle.wait()] == [["'one'"]] * 4
-        os.kill(rollout.execute_on(1).pid().wait()[0], signal.SIGKILL)
+        # the others wait for rollout 1, the source, which is killed: its group restarts it, and the error says so
+        waiting = [trainer.share(None, ("br4", 1), groups), rollout.execute_on(0).share(None, ("br4", 1), groups)]
+        assert rollout.execute_on(1).die_in(1.0).wait() == [True]  # a second for the others to start waiting
+        for said in [said for handle in waiting for [said] in handle.wait()]:
+            assert said.startswith("WorkerError group=br4 rank=1 node=1 restarted=True"), said
         while rollout.status()[1].restarts != 1 or rollout.status()[1].state != "serving":
             time.sleep(0.05)
         value = torch.arange(5.0)
