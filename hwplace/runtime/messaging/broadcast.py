@@ -22,7 +22,7 @@ import datetime
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hwplace.contracts.capabilities import Rendezvous
@@ -58,6 +58,7 @@ class BroadcastSet:
     members: tuple[Member, ...]
     comm: Communicator | None = None
     error: WorkerError | None = None  # set once it failed: it stands for every later broadcast over the set
+    ready: threading.Event = field(default_factory=threading.Event)  # connected, or failed
 
 
 def set_key(entries: Sequence[GroupEntry]) -> str:
@@ -124,13 +125,19 @@ class Broadcasts:
         """The set of ``names`` with ``wanted``'s key: the one made earlier, or ``wanted``, connected now."""
         with self.lock:
             found = self.sets.get(names)
-            if found is not None and found.key == wanted.key:
-                return found
-            self.sets[names] = wanted  # a set with another key: a member was restarted since
+            if found is None or found.key != wanted.key:
+                self.sets[names] = wanted  # none yet, or one of processes since restarted
+        if found is not None and found.key == wanted.key:
+            found.ready.wait()  # another thread of this worker may be connecting it (bounded: see _connect)
+            return found
         try:
             wanted.comm = self._connect(wanted)
-        except WorkerError as exc:
-            wanted.error = exc
+        except Exception as exc:
+            wanted.error = exc if isinstance(exc, WorkerError) else WorkerError(
+                f"the broadcast set of groups {list(names)} could not be formed ({first_line(exc)})",
+                group=self.me[0], rank=self.me[1])
+        finally:
+            wanted.ready.set()
         return wanted
 
     def _connect(self, made: BroadcastSet) -> Communicator:
@@ -185,8 +192,8 @@ class Broadcasts:
     def _run(self, made: BroadcastSet, obj: Any, root: int) -> Any:
         """Broadcast ``obj`` from member ``root`` over ``made``: the object on every member."""
         torch = torch_module()
-        assert made.comm is not None
         comm = made.comm
+        assert comm is not None  # the set connected (a failed one has its error)
         header, payload = encode(obj, device_ok=False) if comm.index == root else (None, None)
         if header is None:
             header = torch.zeros(HEADER, dtype=torch.int64)
@@ -203,8 +210,6 @@ class Broadcasts:
             try:
                 work.wait(datetime.timedelta(seconds=WATCH))
                 return
-            except WorkerError:
-                raise
             except RuntimeError:
                 if not work.is_completed():  # the round's end
                     self._watch(made, work)
