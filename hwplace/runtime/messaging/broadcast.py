@@ -2,7 +2,11 @@
 
 A broadcast set is one communicator of every rank of the listed groups (:func:`connect`), keyed, like a pair, by
 each member's launch and process (its incarnation in its group's entry): after a member is restarted in place,
-the next broadcast over those groups, which every member calls (the restarted one too), builds a new set.
+the next broadcast over those groups, which every member calls (the restarted one too), builds a new set. The
+groups' entries are looked up only while a set has none of its connections closed: each member keeps a receive
+that nothing is sent to posted from every other member, which fails once that member's process ends (a thread
+each waits on one); a set whose connections are all open has the processes it was made with and is used as it
+is, at no cost per broadcast.
 
 Neither the set's rendezvous (up to ``CONNECT_TIMEOUT``) nor a gloo broadcast (up to a day) sees a member die.
 So while a set is being connected (in a thread of its own) and while a broadcast waits, the caller looks at the
@@ -44,7 +48,7 @@ from hwplace.runtime.messaging.communicator import (
     torch_module,
 )
 from hwplace.runtime.messaging.devices import abort
-from hwplace.runtime.messaging.pair import first_line
+from hwplace.runtime.messaging.pair import WATCH_LIMIT, WATCH_TAG, first_line
 
 WATCH = 0.25  # seconds between looks at the members' group entries while a broadcast waits
 
@@ -59,6 +63,7 @@ class BroadcastSet:
     comm: Communicator | None = None
     error: WorkerError | None = None  # set once it failed: it stands for every later broadcast over the set
     ready: threading.Event = field(default_factory=threading.Event)  # connected, or failed
+    closed: threading.Event = field(default_factory=threading.Event)  # a connection closed: members may differ
 
 
 def set_key(entries: Sequence[GroupEntry]) -> str:
@@ -101,25 +106,33 @@ class Broadcasts:
         if isinstance(groups, str) or not groups or not all(isinstance(g, str) for g in groups):
             raise ConfigError("groups", "broadcast takes a tuple of group names", value=groups)
         names = tuple(dict.fromkeys(groups))
-        entries = tuple(find_entry(self.executor, name) for name in names)
-        members = tuple((e.name, r) for e in entries for r in range(len(e.placements)))
-        if self.me not in members:
-            raise ConfigError("groups", f"this worker (group {self.me[0]!r}) is not in the groups {list(names)}; "
-                              "every member of the listed groups calls broadcast, and only they")
         if not (isinstance(src, tuple) and len(src) == 2 and src[0] in names):
             raise ConfigError("src", f"the source is a (group, rank) of the groups {list(names)}", value=src)
-        root = members.index((src[0], check_member(entries[names.index(src[0])], src[1], "src")))
-        error = fallen(entries, entries)  # a member dead or restarting now: no set can form
-        if error is not None:
-            raise error
-        made = self._set(names, BroadcastSet(set_key(entries), entries, members))
+        with self.lock:
+            made = self.sets.get(names)
+        if made is None or not made.ready.is_set() or made.error is not None or made.closed.is_set():
+            made = self._looked_up(names)  # a set not made yet, or one whose members may have changed
         if made.error is not None:
             raise made.error
+        root = made.members.index((src[0], check_member(made.entries[names.index(src[0])], src[1], "src")))
         try:
             return self._run(made, obj, root)
         except WorkerError as exc:
             made.error = exc
             raise
+
+    def _looked_up(self, names: tuple[str, ...]) -> BroadcastSet:
+        """The set of the groups ``names`` as their entries say now: the one made earlier while its members are
+        the same processes, else a new one (connected now); a member dead or restarting is its error."""
+        entries = tuple(find_entry(self.executor, name) for name in names)
+        members = tuple((e.name, r) for e in entries for r in range(len(e.placements)))
+        if self.me not in members:
+            raise ConfigError("groups", f"this worker (group {self.me[0]!r}) is not in the groups {list(names)}; "
+                              "every member of the listed groups calls broadcast, and only they")
+        error = fallen(entries, entries)  # a member dead or restarting now: no set can form
+        if error is not None:
+            raise error
+        return self._set(names, BroadcastSet(set_key(entries), entries, members))
 
     def _set(self, names: tuple[str, ...], wanted: BroadcastSet) -> BroadcastSet:
         """The set of ``names`` with ``wanted``'s key: the one made earlier, or ``wanted``, connected now."""
@@ -132,6 +145,7 @@ class Broadcasts:
             return found
         try:
             wanted.comm = self._connect(wanted)
+            self._watch_connections(wanted)
         except Exception as exc:
             wanted.error = exc if isinstance(exc, WorkerError) else WorkerError(
                 f"the broadcast set of groups {list(names)} could not be formed ({first_line(exc)})",
@@ -160,6 +174,18 @@ class Broadcasts:
             raise self._failed(made, outcome[0], connecting=True)
         comm: Communicator = outcome[0]
         return comm
+
+    def _watch_connections(self, made: BroadcastSet) -> None:
+        """Set ``made.closed`` once a connection of the set closes (a member's process ended): a receive
+        nothing is sent to, from each other member, fails then (a thread each waits on one)."""
+        torch = torch_module()
+        comm = made.comm
+        assert comm is not None
+        for other in range(len(comm.members)):
+            if other != comm.index:
+                watch = comm.gloo.recv([torch.zeros(0, dtype=torch.uint8)], other, WATCH_TAG)
+                threading.Thread(target=_closed, args=(watch, made.closed), daemon=True,
+                                 name="hwplace-bcast-watch").start()
 
     def _watch(self, made: BroadcastSet, work: Any = None) -> None:
         """Raise the error naming a member of ``made`` that fell (leaving ``work``, a wait, to gloo)."""
@@ -219,3 +245,11 @@ class Broadcasts:
                     return
                 except RuntimeError as failed:
                     raise self._failed(made, failed) from None
+
+
+def _closed(watch: Any, closed: threading.Event) -> None:
+    """Wait on ``watch`` (a receive nothing is sent to) until its connection closes, then set ``closed``."""
+    try:
+        watch.wait(WATCH_LIMIT)
+    except Exception:
+        closed.set()
