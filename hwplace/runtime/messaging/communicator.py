@@ -25,6 +25,8 @@ from hwplace.foundation.errors import ConfigError
 from hwplace.runtime.messaging.devices import nccl_groups
 
 CONNECT_TIMEOUT = 300.0  # seconds the members of a new communicator have to meet (a weight sync's: per round)
+NOTICE = 5.0  # seconds an executor may take to report a peer's death before messaging takes it as none
+POLL = 0.05  # seconds between looks at a group entry while waiting for it to say a death
 HEADER = 16  # int64 slots of a frame's header: kind, byte count, dtype code, ndim, up to 12 dims
 MAX_DIMS = HEADER - 4
 PICKLED, TENSOR, DEVICE_TENSOR, HOSTED = 0, 1, 2, 3  # HOSTED: a device tensor that travels through host memory

@@ -1,9 +1,10 @@
 """Messages between any two workers of a cluster: what ``Worker.send``, ``recv`` and ``broadcast`` run.
 
 A worker's :class:`Messenger` keeps one :class:`~hwplace.runtime.messaging.pair.Pair` per peer, made the first
-time either sends to or receives from the other, and one communicator per set of groups that broadcasts.
-Imports the layers below, :mod:`hwplace.runtime.messaging.communicator` and the pairs
-(:mod:`hwplace.runtime.messaging.pair`, :mod:`hwplace.runtime.messaging.devices`).
+time either sends to or receives from the other, and its broadcast sets
+(:class:`~hwplace.runtime.messaging.broadcast.Broadcasts`). Imports the layers below,
+:mod:`hwplace.runtime.messaging.communicator`, the pairs (:mod:`hwplace.runtime.messaging.pair`,
+:mod:`hwplace.runtime.messaging.devices`) and :mod:`hwplace.runtime.messaging.broadcast`.
 """
 
 from __future__ import annotations
@@ -15,27 +16,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from hwplace.contracts.capabilities import Rendezvous, require
-from hwplace.contracts.executor import Executor, GroupEntry
+from hwplace.contracts.executor import Executor
 from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import ConfigError, WorkerError
 from hwplace.plugin.session import session
+from hwplace.runtime.messaging.broadcast import Broadcasts
 from hwplace.runtime.messaging.communicator import (
-    HEADER,
+    NOTICE,
+    POLL,
     Communicator,
     Member,
     check_member,
     connect,
-    decode,
-    empty_payload,
-    encode,
     find_entry,
     torch_module,
 )
 from hwplace.runtime.messaging.devices import chosen_device
-from hwplace.runtime.messaging.pair import MessageHandle, Pair, first_line
-
-NOTICE = 5.0  # seconds an executor may take to see a peer's death before a recv takes it as final
-POLL = 0.05  # seconds between looks at a restarting peer's group entry
+from hwplace.runtime.messaging.pair import MessageHandle, Pair
 
 
 class Messenger:
@@ -48,7 +45,7 @@ class Messenger:
         self.address = self.entry.addresses[context.rank]
         self.lock = threading.Lock()
         self.pairs: dict[tuple[str, int], Pair] = {}
-        self.sets: dict[tuple[str, ...], tuple[Communicator, list[GroupEntry]]] = {}
+        self.broadcasts = Broadcasts(executor, self.rendezvous, (context.group, context.rank), self.address)
         self.device: int | None = None  # the CUDA device this worker's threads chose, as last seen
 
     def chosen(self) -> int | None:
@@ -111,46 +108,7 @@ class Messenger:
             time.sleep(POLL)
 
     def broadcast(self, obj: Any, src: tuple[str, int], groups: Sequence[str]) -> Any:
-        if isinstance(groups, str) or not groups or not all(isinstance(g, str) for g in groups):
-            raise ConfigError("groups", "broadcast takes a tuple of group names", value=groups)
-        names = tuple(dict.fromkeys(groups))
-        with self.lock:
-            made = self.sets.get(names)
-        if made is None:
-            made = self._broadcast_set(names)
-        comm, entries = made
-        if not (isinstance(src, tuple) and len(src) == 2 and src[0] in names):
-            raise ConfigError("src", f"the source is a (group, rank) of the groups {list(names)}", value=src)
-        root = comm.members.index((src[0], check_member(entries[names.index(src[0])], src[1], "src")))
-        torch = torch_module()
-        header, payload = encode(obj, device_ok=False) if comm.index == root else (None, None)
-        if header is None:
-            header = torch.zeros(HEADER, dtype=torch.int64)
-        try:
-            comm.gloo.broadcast(header, root).wait()
-            if payload is None:
-                payload = empty_payload(header)
-            if payload.numel():
-                comm.gloo.broadcast(payload, root).wait()
-        except RuntimeError as exc:
-            with self.lock:
-                self.sets.pop(names, None)
-            raise WorkerError(f"broadcast over groups {list(names)} failed; a member has died or left "
-                              f"({first_line(exc)})", group=self.context.group, rank=self.context.rank) from None
-        return obj if comm.index == root else decode(header, payload)
-
-    def _broadcast_set(self, names: tuple[str, ...]) -> tuple[Communicator, list[GroupEntry]]:
-        entries = [find_entry(self.executor, name) for name in names]
-        me = (self.context.group, self.context.rank)
-        members = [(e.name, r) for e in entries for r in range(len(e.placements))]
-        if me not in members:
-            raise ConfigError("groups", f"this worker (group {me[0]!r}) is not in the groups {list(names)}; every "
-                              "member of the listed groups calls broadcast, and only they")
-        key = "bcast/" + "|".join(f"{e.name}#{e.launch_id}" for e in entries)
-        comm = connect(self.rendezvous, key, members, members.index(me), self.address, None)
-        with self.lock:
-            self.sets[names] = (comm, entries)
-        return comm, entries
+        return self.broadcasts.broadcast(obj, src, groups)
 
 
 def messenger(context: WorkerContext) -> Messenger:
