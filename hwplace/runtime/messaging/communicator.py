@@ -72,26 +72,27 @@ class Communicator:
 
 def connect(rendezvous: Rendezvous, key: str, members: Sequence[Member], index: int, address: str,
             device_backend: str | None, timeout: float | None = None,
-            waiting: Callable[[], bool] | None = None) -> Communicator:
+            waiting: Callable[[], bool] | None = None, rounds: float | None = None) -> Communicator:
     """Build the communicator ``key`` of ``members`` (blocks until every member has joined, up to ``timeout``,
     default :data:`CONNECT_TIMEOUT`). With ``waiting``, members wait for each other without bound, in rounds of
-    ``timeout``, for as long as ``waiting()`` says (then ``TimeoutError``): a weight sync's target may ask for
-    weights long before its source publishes, and the other way round."""
+    ``rounds`` seconds (default ``timeout``), for as long as ``waiting()`` says (then ``TimeoutError``): a weight
+    sync's target may ask for weights long before its source publishes, and the other way round."""
     torch = torch_module()
     dist = torch.distributed
     timeout = CONNECT_TIMEOUT if timeout is None else timeout
     delta = datetime.timedelta(seconds=timeout)
+    step = timeout if rounds is None else rounds
     if index == 0:
         store = dist.TCPStore(address, 0, None, True, timeout=delta, wait_for_workers=False)
         rendezvous.kv_put(key, f"{address}:{store.port}".encode())
     else:
-        found = _rounds(lambda: rendezvous.kv_wait(key, timeout), TimeoutError, waiting)
+        found = _rounds(lambda: rendezvous.kv_wait(key, step), TimeoutError, waiting)
         host, _, port = found.decode().rpartition(":")
         store = dist.TCPStore(host, int(port), None, False, timeout=delta)
     if waiting is not None:  # every member is here before the groups are built (which wait up to ``timeout``)
         store.set(f"here/{index}", b"1")
         others = [f"here/{i}" for i in range(len(members)) if i != index]
-        _rounds(lambda: store.wait(others, delta), dist.DistStoreError, waiting)
+        _rounds(lambda: store.wait(others, datetime.timedelta(seconds=step)), dist.DistStoreError, waiting)
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
     # no deadline on a message: a dead peer fails the pending receives at once (the one being read into is

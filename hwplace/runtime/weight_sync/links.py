@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -38,6 +39,8 @@ from hwplace.runtime.weight_sync.buckets import Entry
 from hwplace.runtime.weight_sync.device_share import SlotDescriptor
 from hwplace.runtime.weight_sync.segments import HeldFile, SegmentRef, receiving
 
+WATCH = 0.5  # seconds between looks at the other end's group entry while a link waits for it or has broken
+NOTICE = 5.0  # seconds an executor may take to report a death as a restart before a broken link counts as final
 HEAD_BYTES = 8 * 1024  # an announcement travels in one broadcast of this size when its pickle fits
 ANNOUNCED_BYTES = 2 * 1024  # a version up to this size travels inside its announcement to the source's node
 Member = tuple[str, int]
@@ -74,13 +77,26 @@ class Announcement:
 
 
 def _connect(key: str, members: tuple[Member, ...], context: WorkerContext, waiting: Callable[[], bool]) -> Any:
-    """The link's communicator, its two ends waiting for each other without bound while ``waiting()``: a
-    target may ask long before the source's first version, or the source publish long before a target asks."""
+    """The link's communicator, its two ends waiting for each other without bound while ``waiting()`` (asked
+    every :data:`WATCH` s): a target may ask long before the source's first version, or the source publish long
+    before a target asks."""
     executor = session().executor
     address = find_entry(executor, context.group).addresses[context.rank]
     rendezvous = session().require(Rendezvous, "weight sync")
     return connect(rendezvous, key, members, members.index((context.group, context.rank)), address, None,
-                   waiting=waiting)
+                   waiting=waiting, rounds=WATCH)
+
+
+def incarnation(group: str, rank: int) -> int:
+    """Which process of ``group`` rank ``rank`` is the current one (its incarnation in the group's entry: 0 for
+    its first, one more for each restart); a link's key names both ends' (:func:`link_key`)."""
+    return find_entry(session().executor, group).incarnation(rank)
+
+
+def link_key(uid: str, source: int, target: Member, incarnation: int) -> str:
+    """The rendezvous key of the link between incarnation ``source`` of a sync's source and ``incarnation`` of
+    ``target``: a restarted end meets the other afresh, never the stale key of a process that died."""
+    return f"wsync/{uid}/{source}/{target[0]}/{target[1]}.{incarnation}"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -122,9 +138,10 @@ class Link:
     """The source's end of the link to one target rank (``where`` names it in messages)."""
 
     def __init__(self, name: str, key: str, members: tuple[Member, Member], context: WorkerContext,
-                 where: str) -> None:
+                 where: str, incarnation: int = 0) -> None:
         self.name = name
         self.where = where  # "group 'rollout' rank 1 (node 0)"
+        self.incarnation = incarnation  # the target's process this link reaches
         self.error: HwplaceError | None = None
         self.lock = threading.Lock()  # one version on the wire at a time
         self.comm: Any = None
@@ -257,9 +274,14 @@ def _received(comm: Any, lengths: Sequence[int], torch: Any) -> HeldFile:
 
 class Receiver:
     """A target's end of its link: takes announcements as they come (with the buckets that follow one) and keeps
-    the newest for the target to take when it asks."""
+    the newest for the target to take when it asks.
 
-    def __init__(self, name: str, key: str, members: tuple[Member, ...], context: WorkerContext) -> None:
+    ``key(source)`` is the link's key to incarnation ``source`` of the source (members[0]). When the link breaks
+    because the source died and is restarted, the receiver waits for the new process and links to it (the newest
+    version it has stays the newest meanwhile); a source that will not come back is the link's error."""
+
+    def __init__(self, name: str, key: Callable[[int], str], members: tuple[Member, ...],
+                 context: WorkerContext) -> None:
         self.name = name
         self._changed = threading.Condition()
         self._newest: tuple[Announcement, HeldFile | None] | None = None
@@ -269,13 +291,37 @@ class Receiver:
         threading.Thread(target=self._run, args=(key, members, context), daemon=True,
                          name=f"hwplace-wsync-recv-{name}").start()
 
-    def _run(self, key: str, members: tuple[Member, ...], context: WorkerContext) -> None:
-        torch = torch_module()
+    def _run(self, key: Callable[[int], str], members: tuple[Member, ...], context: WorkerContext) -> None:
+        group, rank = members[0]
         try:
-            self._comm = comm = _connect(key, members, context, lambda: not self._closed)
-            if self._closed:
-                _abort(comm)
-                return
+            source = incarnation(group, rank)
+            while True:
+                try:
+                    self._receive(key(source), members, context,
+                                  lambda: not self._closed and incarnation(group, rank) == source)  # noqa: B023
+                except BaseException as exc:
+                    if self._closed:
+                        return
+                    restarted = self._restarted(group, rank, source)
+                    if restarted is None:
+                        raise exc from None
+                    source = restarted
+        except BaseException as exc:
+            with self._changed:
+                if not self._closed:
+                    self._error = WeightSyncError(f"weight sync {self.name!r}: the link from the source broke "
+                                                  f"({_first_line(exc)})")
+                self._changed.notify_all()
+
+    def _receive(self, key: str, members: tuple[Member, ...], context: WorkerContext,
+                 waiting: Callable[[], bool]) -> None:
+        """Link to one source process and take its announcements until the link breaks."""
+        torch = torch_module()
+        self._comm = comm = _connect(key, members, context, waiting)
+        if self._closed:
+            _abort(comm)
+            return
+        try:
             while True:
                 note: Announcement = recv_pickle(comm, torch)
                 held = None
@@ -286,12 +332,24 @@ class Receiver:
                 with self._changed:
                     self._newest = (note, held)
                     self._changed.notify_all()
-        except BaseException as exc:
-            with self._changed:
-                if not self._closed:
-                    self._error = WeightSyncError(f"weight sync {self.name!r}: the link from the source broke "
-                                                  f"({_first_line(exc)})")
-                self._changed.notify_all()
+        finally:
+            _abort(comm)
+
+    def _restarted(self, group: str, rank: int, was: int) -> int | None:
+        """The source's process ``was`` is gone: its next incarnation once its group has started it again, or None
+        when none comes (no restart, restarts used up, the group gone, or no death reported in :data:`NOTICE` s:
+        the source closed the link)."""
+        noticed = time.monotonic()
+        while not self._closed:
+            entry = session().executor.find_group(group)
+            if entry is None or entry.state(rank) == "dead":
+                return None
+            if entry.incarnation(rank) != was:
+                return entry.incarnation(rank)
+            if entry.state(rank) != "restarting" and time.monotonic() - noticed > NOTICE:
+                return None
+            time.sleep(WATCH / 5)
+        return None
 
     def newest(self, after: int, timeout: float | None) -> tuple[Announcement, HeldFile | None] | None:
         """The newest announcement of a version after ``after`` (with its buckets when they followed it),

@@ -204,32 +204,55 @@ def checked(note: Announcement, held: HeldFile | HeldBytes) -> HostVersion:
 
 
 class Source:
-    """The source process's side of one weight sync: its three transports."""
+    """The source process's side of one weight sync: its three transports, and where its newest version still
+    lies for each (:meth:`newest`: what a target that joins late is offered)."""
 
     def __init__(self, uid: str, visible: Sequence[int] | None, bucket_bytes: int) -> None:
         self.same_device = SameDevice(visible)
         self.same_node = SameNode(uid)
         self.bucket_bytes = bucket_bytes
+        self._newest: dict[str, tuple[Announcement, list[Any]]] = {}
 
     def publish(self, version: int, state_dict: Mapping[str, Any], links: Mapping[str, list[Link]]) -> None:
         """Lay ``version`` down for each transport's targets (``links``, by transport name) and announce it."""
+        self._newest.clear()  # never offer an older version than the newest
         if links[SAME_DEVICE]:
-            deliver(links[SAME_DEVICE], self.same_device.lay_down(version, state_dict))
+            self._newest[SAME_DEVICE] = (self.same_device.lay_down(version, state_dict), [])
+            deliver(links[SAME_DEVICE], self._newest[SAME_DEVICE][0])
         node, other = links[SAME_NODE], links[OTHER_NODE]
         if not node and not other:
             return
         entries, buckets = pack(state_dict, self.bucket_bytes)
         lengths = sizes(entries)
         if not node and all(link.connected for link in other):
-            OtherNode.stream(other, version, entries, lengths, buckets)
+            OtherNode.stream(other, version, entries, lengths, buckets)  # straight from the tensors: none kept
             return
         note, copies = self.same_node.lay_down(version, entries, lengths, buckets, bool(node), bool(other))
         if node:
+            self._newest[SAME_NODE] = (note, [])
             deliver(node, note)
         if other:
-            deliver(other, OtherNode.following(note), copies)
+            following = OtherNode.following(note)
+            self._newest[OTHER_NODE] = (following, [] if isinstance(note.where, SegmentRef) else copies)
+            deliver(other, following, copies)
+
+    def newest(self, transport: str) -> tuple[Announcement, list[Any]] | None:
+        """The newest version as it was announced to ``transport``'s targets, with its buckets when they follow
+        (copies of the source's own: valid until the next publish), or None when it no longer lies anywhere for
+        them: none was laid down for that transport, or (``other-node``) it was streamed from the tensors."""
+        found = self._newest.get(transport)
+        if found is None:
+            return None
+        note, copies = found
+        if transport == OTHER_NODE and not copies and note.lengths and self.same_node.segments is not None:
+            node = self._newest.get(SAME_NODE)
+            if node is None or not isinstance(node[0].where, SegmentRef):
+                return None
+            copies = self.same_node.segments.views(node[0].where)  # the node's copy: intact until the next publish
+        return note, copies
 
     def close(self) -> None:
+        self._newest.clear()
         self.same_device.close()
         self.same_node.close()
 
