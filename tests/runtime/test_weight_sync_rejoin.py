@@ -1,6 +1,8 @@
 """hwplace.WeightSync with restarted ranks (SPEC §12 "Rejoin"), on two nodes of each executor
 (tests/runtime_clusters.py): a restarted target gets the newest version before its first ``latest()`` returns,
-without a new publish, whichever transport reaches it, and the other targets are unaffected; a restarted source
+without a new publish where the source still holds it (after the next publish for an ``other-node`` target of a
+source that streams from its tensors, unless a publish came while it restarted: the source keeps a copy then),
+and the other targets are unaffected; a restarted source
 continues the version numbers while its targets keep the last version. Waits have no timeout of their own beyond
 the calls': the module's limit is around them."""
 
@@ -102,6 +104,37 @@ def test_a_restarted_target_gets_the_newest_version_without_a_new_publish(cluste
     finally:
         trainer.shutdown()
         rollout.shutdown()
+
+
+def test_a_restarted_target_of_a_source_that_streams_gets_the_next_version_or_one_kept_for_it(
+        cluster: hwplace.Cluster) -> None:
+    trainer = Trainer.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="trainer")
+    far = Rollout.create_group().launch(cluster, hwplace.NodePlacementStrategy([1, 1]), name="far",
+                                        restart=hwplace.Restart(max_restarts=1))
+    try:
+        sync = hwplace.WeightSync.create("far", source="trainer", targets=("far",))
+        assert [t.transport for t in sync.plan] == ["other-node", "other-node"]
+        first = far.latest(sync, 1)
+        assert trainer.publish(sync, 1).wait() == [1]
+        assert first.wait() == [(1, [1.0])] * 2  # both joined: version 2 streams from the source's tensors
+        assert trainer.publish(sync, 2).wait() == [2]
+        assert far.latest(sync, 2).wait() == [(2, [2.0])] * 2
+        os.kill(far.pid().wait()[1], signal.SIGKILL)
+        restarted(far, [1])
+        waiting = far.execute_on(1).latest(sync, 0)  # no copy of version 2 is kept: it waits for the next one
+        assert trainer.publish(sync, 3).wait() == [3]
+        assert waiting.wait() == [(3, [3.0])]
+        assert far.latest(sync, 3).wait() == [(3, [3.0])] * 2
+        os.kill(far.pid().wait()[0], signal.SIGKILL)  # now a publish comes while the group restarts the rank:
+        while far.status()[0].restarts < 1:
+            time.sleep(0.05)
+        assert trainer.publish(sync, 4).wait() == [4]  # the source keeps a copy of it for the rank coming back
+        restarted(far, [0])
+        assert far.execute_on(0).latest(sync, 0).wait() == [(4, [4.0])]  # with no publish since
+        assert far.execute_on(1).latest(sync, 0).wait() == [(4, [4.0])]
+    finally:
+        trainer.shutdown()
+        far.shutdown()
 
 
 def test_a_restarted_source_continues_the_version_numbers(cluster: hwplace.Cluster) -> None:

@@ -15,13 +15,16 @@ bucket to all of them at once; a link whose target has not joined yet gets it fr
 has (the newest version offered: versions offered meanwhile are skipped, never mixed). A link that breaks names
 its target. A :class:`Receiver` thread on each target takes announcements as they come (and the buckets that
 follow one, received into a file of the target: :func:`~hwplace.runtime.weight_sync.segments.receiving`) and
-keeps the newest; the target takes the version from where it lies when it asks. Imports the
+keeps the newest; the target takes the version from where it lies when it asks. A link's key names both ends'
+processes (:func:`link_key`); a receiver whose source died links to the process its group restarts, keeping the
+newest version meanwhile. Imports the
 layers below, the communicator, and the records of the segments and device-share modules.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import pickle
 import threading
 import time
@@ -41,6 +44,8 @@ from hwplace.runtime.weight_sync.segments import HeldFile, SegmentRef, receiving
 
 WATCH = 0.5  # seconds between looks at the other end's group entry while a link waits for it or has broken
 NOTICE = 5.0  # seconds an executor may take to report a death as a restart before a broken link counts as final
+WATCH_TAG = 2  # nothing is ever sent with it: a receive posted with it fails when the link's connection closes
+WATCH_LIMIT = datetime.timedelta(days=3650)  # that receive's own timeout: it must outlive the link
 HEAD_BYTES = 8 * 1024  # an announcement travels in one broadcast of this size when its pickle fits
 ANNOUNCED_BYTES = 2 * 1024  # a version up to this size travels inside its announcement to the source's node
 Member = tuple[str, int]
@@ -185,17 +190,33 @@ class Link:
                     _abort(comm)
                     return
                 self.comm = comm
+            torch = torch_module()
+            watch = comm.gloo.recv([torch.zeros(0, dtype=torch.uint8)], 1, WATCH_TAG)
+            threading.Thread(target=self._watch, args=(watch,), daemon=True,
+                             name=f"hwplace-wsync-watch-{self.name}").start()
             while True:
                 with self._changed:
-                    self._changed.wait_for(lambda: self.closed or (self._offered is not None
-                                                                   and self._offered[0].version > self.sent))
-                    offered = None if self.closed else self._offered
+                    self._changed.wait_for(lambda: self.closed or self.error is not None or (
+                        self._offered is not None and self._offered[0].version > self.sent))
+                    offered = None if self.closed or self.error is not None else self._offered
                 if offered is None:
                     return
                 fan_out([self], offered[0], buckets_of(*offered))
         except BaseException as exc:
             if self.error is None and not self.closed:
                 self.broke(exc)
+
+
+    def _watch(self, watch: Any) -> None:
+        """Break the link the moment its target's process ends (``watch``, a receive nothing is sent to, fails when
+        the connection closes), not at the next version sent: the source then links to a restarted target."""
+        try:
+            watch.wait(WATCH_LIMIT)
+        except BaseException as exc:
+            if self.error is None and not self.closed:
+                self.broke(exc)
+                with self._changed:
+                    self._changed.notify_all()
 
 
 def _abort(comm: Any) -> None:

@@ -7,6 +7,10 @@ target holds), lays the version down once per transport (:class:`~hwplace.runtim
 and announces it on a link to each target (:mod:`hwplace.runtime.weight_sync.links`); a target takes it when it
 asks (:mod:`hwplace.runtime.weight_sync.intake`), checking every bucket's digest before the version becomes its
 latest. A target whose link broke is dropped, named in a warning and in ``dead_targets``; the others go on.
+With restarts (SPEC §12), a link is keyed by both ends' processes (their incarnations in the group entries): the
+source links again to a target its group restarted (a thread of the source watches the target groups' entries)
+and offers it the newest version where that still lies (:meth:`~hwplace.runtime.weight_sync.transports.Source.newest`);
+a restarted source goes on from the version its predecessor noted in the rendezvous at each publish.
 ``close()`` lets go of everything a process holds for the sync. Imports the layers below and those modules.
 """
 
@@ -173,9 +177,18 @@ class WeightSync:
                 if not state.closed:
                     self._readmit(state, entries, context)
 
-    def _readmit(self, state: _State, entries: Mapping[str, GroupEntry], context: WorkerContext) -> None:
+    def _standby(self, state: _State, entries: Mapping[str, GroupEntry], device: int | None) -> set[str]:
+        """The transports of the dead targets that their groups may restart: each version is laid down for them
+        too, for the source to offer the newest to a restarted one (for ``other-node``, a copy it keeps)."""
+        return {choose(t.transport, self._holds.get((t.group, t.rank), ()), device) for t in self.plan
+                if (t.group, t.rank) in state.dead and entries[t.group].state(t.rank) != "dead"}
+
+    def _readmit(self, state: _State, entries: Mapping[str, GroupEntry], context: WorkerContext,
+                 state_dict: Mapping[Any, Any] | None = None, standby: set[str] | None = None) -> None:
         """Under the lock: a new link to each target whose group runs a new process of it (the old link, broken
-        or not, reached the one that died), offered the newest version where it still lies for its transport."""
+        or not, reached the one that died), offered the newest version where it still lies for its transport;
+        during a publish (``state_dict`` given), laid down again where it does not, and for ``standby``."""
+        missed: dict[str, list[Link]] = {name: [] for name in TRANSPORTS}
         for t in self.plan:
             member = (t.group, t.rank)
             link = state.links.get(member)
@@ -188,11 +201,17 @@ class WeightSync:
             state.dead.pop(member, None)
             state.gone.pop(member, None)
             fresh = state.links[member] = self._link(state, t, now, context)
-            newest = None if state.source is None or not state.version else \
-                state.source.newest(choose(t.transport, self._holds.get(member, ()), state.device))
+            transport = choose(t.transport, self._holds.get(member, ()), state.device)
+            newest = None if state.source is None or not state.version else state.source.newest(transport)
             if newest is not None:
                 note, copies = newest
                 fresh.offer(note, [c.copy() for c in copies])  # the source's buffers change at the next publish
+            else:
+                missed[transport].append(fresh)
+        if state_dict is not None and state.source is not None:
+            lay = {name for name in standby or () if state.source.newest(name) is None}
+            if lay or any(missed.values()):
+                state.source.publish(state.version, state_dict, missed, again=True, standby=lay)
 
     @traced("weights.publish", SYNC, lambda sync, state_dict: {"sync": sync.name, "bytes": state_bytes(state_dict)})
     def publish(self, state_dict: Mapping[Any, Any]) -> int:
@@ -211,22 +230,29 @@ class WeightSync:
             self._check_open(state)
             if state.me is None:
                 self._start(state, context)
-            self._bury(state)
-            if state.dead:  # only then a look at the targets' groups: one restarted may be linked again at once
-                self._readmit(state, self._entries(), context)
-            version = state.version + 1
-            session().require(Rendezvous, "weight sync").kv_put(version_key(self._uid), str(version).encode())
             visible = context.placement.visible_accelerators or None
             device = source_device(state_dict, visible)
+            self._bury(state)
+            standby: set[str] = set()
+            if state.dead:  # only then a look at the targets' groups: one restarted may be linked again at once
+                entries = self._entries()
+                self._readmit(state, entries, context)
+                standby = self._standby(state, entries, device)
+            version = state.version + 1
+            session().require(Rendezvous, "weight sync").kv_put(version_key(self._uid), str(version).encode())
             links: dict[str, list[Link]] = {name: [] for name in TRANSPORTS}
             for t in self.plan:
                 link = state.links.get((t.group, t.rank))
                 if link is not None:
                     links[choose(t.transport, self._holds.get((t.group, t.rank), ()), device)].append(link)
             state.source = state.source or Source(self._uid, visible, self.bucket_bytes)
-            state.source.publish(version, state_dict, links)
+            dead = len(state.dead)
+            state.source.publish(version, state_dict, links, standby=standby)
             state.version, state.device = version, device
             self._bury(state)
+            if len(state.dead) > dead:  # a target died: if its group restarted it already, it gets this version
+                entries = self._entries()
+                self._readmit(state, entries, context, state_dict, self._standby(state, entries, device))
             return version
 
     def _bury(self, state: _State) -> None:

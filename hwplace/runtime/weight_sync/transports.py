@@ -21,7 +21,7 @@ segments and links modules.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -213,25 +213,32 @@ class Source:
         self.bucket_bytes = bucket_bytes
         self._newest: dict[str, tuple[Announcement, list[Any]]] = {}
 
-    def publish(self, version: int, state_dict: Mapping[str, Any], links: Mapping[str, list[Link]]) -> None:
-        """Lay ``version`` down for each transport's targets (``links``, by transport name) and announce it."""
-        self._newest.clear()  # never offer an older version than the newest
-        if links[SAME_DEVICE]:
+    def publish(self, version: int, state_dict: Mapping[str, Any], links: Mapping[str, list[Link]],
+                again: bool = False, standby: Collection[str] = ()) -> None:
+        """Lay ``version`` down for each transport's targets (``links``, by transport name) and announce it.
+
+        ``standby``: transports to lay it down for even without a link now (a target of theirs is dead and may be
+        restarted: :meth:`newest` offers it then). ``again``: the newest version once more, for targets linked
+        again after it was first laid down."""
+        if not again:
+            self._newest.clear()  # never offer an older version than the newest
+        if links[SAME_DEVICE] or SAME_DEVICE in standby:
             self._newest[SAME_DEVICE] = (self.same_device.lay_down(version, state_dict), [])
             deliver(links[SAME_DEVICE], self._newest[SAME_DEVICE][0])
         node, other = links[SAME_NODE], links[OTHER_NODE]
-        if not node and not other:
+        to_node, to_other = bool(node) or SAME_NODE in standby, bool(other) or OTHER_NODE in standby
+        if not to_node and not to_other:
             return
         entries, buckets = pack(state_dict, self.bucket_bytes)
         lengths = sizes(entries)
-        if not node and all(link.connected for link in other):
+        if not to_node and OTHER_NODE not in standby and all(link.connected for link in other):
             OtherNode.stream(other, version, entries, lengths, buckets)  # straight from the tensors: none kept
             return
-        note, copies = self.same_node.lay_down(version, entries, lengths, buckets, bool(node), bool(other))
-        if node:
+        note, copies = self.same_node.lay_down(version, entries, lengths, buckets, to_node, to_other)
+        if to_node:
             self._newest[SAME_NODE] = (note, [])
             deliver(node, note)
-        if other:
+        if to_other:
             following = OtherNode.following(note)
             self._newest[OTHER_NODE] = (following, [] if isinstance(note.where, SegmentRef) else copies)
             deliver(other, following, copies)
@@ -259,7 +266,7 @@ class Source:
 
 def deliver(links: list[Link], note: Announcement, copies: Sequence[Any] = ()) -> None:
     """Send ``note`` now to the targets that have joined; leave it, with copies of ``copies`` (its buckets, when
-    they follow), to the others' links until they join."""
+    they follow), to the others' links until they join. No links: nothing to do."""
     waiting = [link for link in links if not link.connected]
     if waiting:
         kept = [c.copy() for c in copies]  # the caller's buffers may change after publish returns
