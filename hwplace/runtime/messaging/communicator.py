@@ -75,8 +75,10 @@ def connect(rendezvous: Rendezvous, key: str, members: Sequence[Member], index: 
             waiting: Callable[[], bool] | None = None, rounds: float | None = None) -> Communicator:
     """Build the communicator ``key`` of ``members`` (blocks until every member has joined, up to ``timeout``,
     default :data:`CONNECT_TIMEOUT`). With ``waiting``, members wait for each other without bound, in rounds of
-    ``rounds`` seconds (default ``timeout``), for as long as ``waiting()`` says (then ``TimeoutError``): a weight
-    sync's target may ask for weights long before its source publishes, and the other way round."""
+    ``timeout``, for as long as ``waiting()`` says (then ``TimeoutError``): a weight sync's target may ask for
+    weights long before its source publishes, and the other way round. ``rounds``: seconds of a round of waiting
+    for the first member's address in the rendezvous (default ``timeout``; the store's waits keep ``timeout``:
+    c10d logs a warning at the end of each)."""
     torch = torch_module()
     dist = torch.distributed
     timeout = CONNECT_TIMEOUT if timeout is None else timeout
@@ -92,7 +94,7 @@ def connect(rendezvous: Rendezvous, key: str, members: Sequence[Member], index: 
     if waiting is not None:  # every member is here before the groups are built (which wait up to ``timeout``)
         store.set(f"here/{index}", b"1")
         others = [f"here/{i}" for i in range(len(members)) if i != index]
-        _rounds(lambda: store.wait(others, datetime.timedelta(seconds=step)), dist.DistStoreError, waiting)
+        _rounds(lambda: store.wait(others, delta), dist.DistStoreError, waiting)
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
     # no deadline on a message: a dead peer fails the pending receives at once (the one being read into is

@@ -83,8 +83,8 @@ class Announcement:
 
 def _connect(key: str, members: tuple[Member, ...], context: WorkerContext, waiting: Callable[[], bool]) -> Any:
     """The link's communicator, its two ends waiting for each other without bound while ``waiting()`` (asked
-    every :data:`WATCH` s): a target may ask long before the source's first version, or the source publish long
-    before a target asks."""
+    every :data:`WATCH` s while the target waits for the source's address): a target may ask long before the
+    source's first version, or the source publish long before a target asks."""
     executor = session().executor
     address = find_entry(executor, context.group).addresses[context.rank]
     rendezvous = session().require(Rendezvous, "weight sync")
