@@ -155,10 +155,10 @@ class WeightSync:
         """This process's first publish: the version it continues from (a restarted source's predecessor's, from
         the rendezvous), a link to each target's current process, and the thread that re-links a restarted one."""
         rendezvous = session().require(Rendezvous, "weight sync")
-        state.me = find_entry(session().executor, self.source).incarnation(self.source_rank)
-        if state.me:
-            state.version = continued_version(rendezvous, self._uid)
-        entries = self._entries()
+        me = find_entry(session().executor, self.source).incarnation(self.source_rank)
+        entries = self._entries()  # all found before anything is kept: a group not found leaves no half start
+        state.version = continued_version(rendezvous, self._uid) if me else state.version
+        state.me = me
         for t in self.plan:
             state.links[t.group, t.rank] = self._link(state, t, entries[t.group].incarnation(t.rank), context)
         threading.Thread(target=self._watch, args=(state, context), daemon=True,
