@@ -74,20 +74,23 @@ class Communicator:
 
 def connect(rendezvous: Rendezvous, key: str, members: Sequence[Member], index: int, address: str,
             device_backend: str | None, timeout: float | None = None,
-            waiting: Callable[[], bool] | None = None) -> Communicator:
+            waiting: Callable[[], bool] | None = None, rounds: float | None = None) -> Communicator:
     """Build the communicator ``key`` of ``members`` (blocks until every member has joined, up to ``timeout``,
     default :data:`CONNECT_TIMEOUT`). With ``waiting``, members wait for each other without bound, in rounds of
     ``timeout``, for as long as ``waiting()`` says (then ``TimeoutError``): a weight sync's target may ask for
-    weights long before its source publishes, and the other way round."""
+    weights long before its source publishes, and the other way round. ``rounds``: seconds of a round of waiting
+    for the first member's address in the rendezvous (default ``timeout``; the store's waits keep ``timeout``:
+    c10d logs a warning at the end of each)."""
     torch = torch_module()
     dist = torch.distributed
     timeout = CONNECT_TIMEOUT if timeout is None else timeout
     delta = datetime.timedelta(seconds=timeout)
+    step = timeout if rounds is None else rounds
     if index == 0:
         store = dist.TCPStore(address, 0, None, True, timeout=delta, wait_for_workers=False)
         rendezvous.kv_put(key, f"{address}:{store.port}".encode())
     else:
-        found = _rounds(lambda: rendezvous.kv_wait(key, timeout), TimeoutError, waiting)
+        found = _rounds(lambda: rendezvous.kv_wait(key, step), TimeoutError, waiting)
         host, _, port = found.decode().rpartition(":")
         store = dist.TCPStore(host, int(port), None, False, timeout=delta)
     if waiting is not None:  # every member is here before the groups are built (which wait up to ``timeout``)

@@ -15,15 +15,19 @@ bucket to all of them at once; a link whose target has not joined yet gets it fr
 has (the newest version offered: versions offered meanwhile are skipped, never mixed). A link that breaks names
 its target. A :class:`Receiver` thread on each target takes announcements as they come (and the buckets that
 follow one, received into a file of the target: :func:`~hwplace.runtime.weight_sync.segments.receiving`) and
-keeps the newest; the target takes the version from where it lies when it asks. Imports the
+keeps the newest; the target takes the version from where it lies when it asks. A link's key names both ends'
+processes (:func:`link_key`); a receiver whose source died links to the process its group restarts, keeping the
+newest version meanwhile. Imports the
 layers below, the communicator, and the records of the segments and device-share modules.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import pickle
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -38,6 +42,10 @@ from hwplace.runtime.weight_sync.buckets import Entry
 from hwplace.runtime.weight_sync.device_share import SlotDescriptor
 from hwplace.runtime.weight_sync.segments import HeldFile, SegmentRef, receiving
 
+WATCH = 0.5  # seconds between looks at the other end's group entry while a link waits for it or has broken
+NOTICE = 5.0  # seconds an executor may take to report a death as a restart before a broken link counts as final
+WATCH_TAG = 2  # nothing is ever sent with it: a receive posted with it fails when the link's connection closes
+WATCH_LIMIT = datetime.timedelta(days=3650)  # that receive's own timeout: it must outlive the link
 HEAD_BYTES = 8 * 1024  # an announcement travels in one broadcast of this size when its pickle fits
 ANNOUNCED_BYTES = 2 * 1024  # a version up to this size travels inside its announcement to the source's node
 Member = tuple[str, int]
@@ -74,13 +82,26 @@ class Announcement:
 
 
 def _connect(key: str, members: tuple[Member, ...], context: WorkerContext, waiting: Callable[[], bool]) -> Any:
-    """The link's communicator, its two ends waiting for each other without bound while ``waiting()``: a
-    target may ask long before the source's first version, or the source publish long before a target asks."""
+    """The link's communicator, its two ends waiting for each other without bound while ``waiting()`` (asked
+    every :data:`WATCH` s while the target waits for the source's address): a target may ask long before the
+    source's first version, or the source publish long before a target asks."""
     executor = session().executor
     address = find_entry(executor, context.group).addresses[context.rank]
     rendezvous = session().require(Rendezvous, "weight sync")
     return connect(rendezvous, key, members, members.index((context.group, context.rank)), address, None,
-                   waiting=waiting)
+                   waiting=waiting, rounds=WATCH)
+
+
+def incarnation(group: str, rank: int) -> int:
+    """Which process of ``group`` rank ``rank`` is the current one (its incarnation in the group's entry: 0 for
+    its first, one more for each restart); a link's key names both ends' (:func:`link_key`)."""
+    return find_entry(session().executor, group).incarnation(rank)
+
+
+def link_key(uid: str, source: int, target: Member, incarnation: int) -> str:
+    """The rendezvous key of the link between incarnation ``source`` of a sync's source and ``incarnation`` of
+    ``target``: a restarted end meets the other afresh, never the stale key of a process that died."""
+    return f"wsync/{uid}/{source}/{target[0]}/{target[1]}.{incarnation}"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -122,9 +143,10 @@ class Link:
     """The source's end of the link to one target rank (``where`` names it in messages)."""
 
     def __init__(self, name: str, key: str, members: tuple[Member, Member], context: WorkerContext,
-                 where: str) -> None:
+                 where: str, incarnation: int = 0) -> None:
         self.name = name
         self.where = where  # "group 'rollout' rank 1 (node 0)"
+        self.incarnation = incarnation  # the target's process this link reaches
         self.error: HwplaceError | None = None
         self.lock = threading.Lock()  # one version on the wire at a time
         self.comm: Any = None
@@ -168,17 +190,33 @@ class Link:
                     _abort(comm)
                     return
                 self.comm = comm
+            torch = torch_module()
+            watch = comm.gloo.recv([torch.zeros(0, dtype=torch.uint8)], 1, WATCH_TAG)
+            threading.Thread(target=self._watch, args=(watch,), daemon=True,
+                             name=f"hwplace-wsync-watch-{self.name}").start()
             while True:
                 with self._changed:
-                    self._changed.wait_for(lambda: self.closed or (self._offered is not None
-                                                                   and self._offered[0].version > self.sent))
-                    offered = None if self.closed else self._offered
+                    self._changed.wait_for(lambda: self.closed or self.error is not None or (
+                        self._offered is not None and self._offered[0].version > self.sent))
+                    offered = None if self.closed or self.error is not None else self._offered
                 if offered is None:
                     return
                 fan_out([self], offered[0], buckets_of(*offered))
         except BaseException as exc:
             if self.error is None and not self.closed:
                 self.broke(exc)
+
+
+    def _watch(self, watch: Any) -> None:
+        """Break the link the moment its target's process ends (``watch``, a receive nothing is sent to, fails when
+        the connection closes), not at the next version sent: the source then links to a restarted target."""
+        try:
+            watch.wait(WATCH_LIMIT)
+        except BaseException as exc:
+            if self.error is None and not self.closed:
+                self.broke(exc)
+                with self._changed:
+                    self._changed.notify_all()
 
 
 def _abort(comm: Any) -> None:
@@ -257,9 +295,14 @@ def _received(comm: Any, lengths: Sequence[int], torch: Any) -> HeldFile:
 
 class Receiver:
     """A target's end of its link: takes announcements as they come (with the buckets that follow one) and keeps
-    the newest for the target to take when it asks."""
+    the newest for the target to take when it asks.
 
-    def __init__(self, name: str, key: str, members: tuple[Member, ...], context: WorkerContext) -> None:
+    ``key(source)`` is the link's key to incarnation ``source`` of the source (members[0]). When the link breaks
+    because the source died and is restarted, the receiver waits for the new process and links to it (the newest
+    version it has stays the newest meanwhile); a source that will not come back is the link's error."""
+
+    def __init__(self, name: str, key: Callable[[int], str], members: tuple[Member, ...],
+                 context: WorkerContext) -> None:
         self.name = name
         self._changed = threading.Condition()
         self._newest: tuple[Announcement, HeldFile | None] | None = None
@@ -269,13 +312,37 @@ class Receiver:
         threading.Thread(target=self._run, args=(key, members, context), daemon=True,
                          name=f"hwplace-wsync-recv-{name}").start()
 
-    def _run(self, key: str, members: tuple[Member, ...], context: WorkerContext) -> None:
-        torch = torch_module()
+    def _run(self, key: Callable[[int], str], members: tuple[Member, ...], context: WorkerContext) -> None:
+        group, rank = members[0]
         try:
-            self._comm = comm = _connect(key, members, context, lambda: not self._closed)
-            if self._closed:
-                _abort(comm)
-                return
+            source = incarnation(group, rank)
+            while True:
+                try:
+                    self._receive(key(source), members, context,
+                                  lambda: not self._closed and incarnation(group, rank) == source)  # noqa: B023
+                except BaseException as exc:
+                    if self._closed:
+                        return
+                    restarted = self._restarted(group, rank, source)
+                    if restarted is None:
+                        raise exc from None
+                    source = restarted
+        except BaseException as exc:
+            with self._changed:
+                if not self._closed:
+                    self._error = WeightSyncError(f"weight sync {self.name!r}: the link from the source broke "
+                                                  f"({_first_line(exc)})")
+                self._changed.notify_all()
+
+    def _receive(self, key: str, members: tuple[Member, ...], context: WorkerContext,
+                 waiting: Callable[[], bool]) -> None:
+        """Link to one source process and take its announcements until the link breaks."""
+        torch = torch_module()
+        self._comm = comm = _connect(key, members, context, waiting)
+        if self._closed:
+            _abort(comm)
+            return
+        try:
             while True:
                 note: Announcement = recv_pickle(comm, torch)
                 held = None
@@ -286,12 +353,24 @@ class Receiver:
                 with self._changed:
                     self._newest = (note, held)
                     self._changed.notify_all()
-        except BaseException as exc:
-            with self._changed:
-                if not self._closed:
-                    self._error = WeightSyncError(f"weight sync {self.name!r}: the link from the source broke "
-                                                  f"({_first_line(exc)})")
-                self._changed.notify_all()
+        finally:
+            _abort(comm)
+
+    def _restarted(self, group: str, rank: int, was: int) -> int | None:
+        """The source's process ``was`` is gone: its next incarnation once its group has started it again, or None
+        when none comes (no restart, restarts used up, the group gone, or no death reported in :data:`NOTICE` s:
+        the source closed the link)."""
+        noticed = time.monotonic()
+        while not self._closed:
+            entry = session().executor.find_group(group)
+            if entry is None or entry.state(rank) == "dead":
+                return None
+            if entry.incarnation(rank) != was:
+                return entry.incarnation(rank)
+            if entry.state(rank) != "restarting" and time.monotonic() - noticed > NOTICE:
+                return None
+            time.sleep(WATCH / 5)
+        return None
 
     def newest(self, after: int, timeout: float | None) -> tuple[Announcement, HeldFile | None] | None:
         """The newest announcement of a version after ``after`` (with its buckets when they followed it),

@@ -7,6 +7,10 @@ target holds), lays the version down once per transport (:class:`~hwplace.runtim
 and announces it on a link to each target (:mod:`hwplace.runtime.weight_sync.links`); a target takes it when it
 asks (:mod:`hwplace.runtime.weight_sync.intake`), checking every bucket's digest before the version becomes its
 latest. A target whose link broke is dropped, named in a warning and in ``dead_targets``; the others go on.
+With restarts (SPEC §12), a link is keyed by both ends' processes (their incarnations in the group entries): the
+source links again to a target its group restarted (a thread of the source watches the target groups' entries)
+and offers it the newest version where that still lies (:meth:`~hwplace.runtime.weight_sync.transports.Source.newest`);
+a restarted source goes on from the version its predecessor noted in the rendezvous at each publish.
 ``close()`` lets go of everything a process holds for the sync. Imports the layers below and those modules.
 """
 
@@ -14,11 +18,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hwplace.contracts.capabilities import Rendezvous, require
+from hwplace.contracts.executor import GroupEntry
+from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import ConfigError, WeightSyncError
 from hwplace.foundation.timeouts import wait_timeout
 from hwplace.foundation.trace import SYNC, WAIT, traced
@@ -29,7 +36,7 @@ from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import check_member, find_entry
 from hwplace.runtime.weight_sync.buckets import DEFAULT_BUCKET_BYTES, Weights, check_state_dict
 from hwplace.runtime.weight_sync.intake import Intake
-from hwplace.runtime.weight_sync.links import Link, Receiver
+from hwplace.runtime.weight_sync.links import WATCH, Link, Receiver, incarnation, link_key
 from hwplace.runtime.weight_sync.transports import SameDevice, SameNode, Source, choose, source_device
 
 
@@ -42,6 +49,9 @@ class _State:
         self.version = 0
         self.links: dict[tuple[str, int], Link] = {}
         self.dead: dict[tuple[str, int], str] = {}  # targets whose link broke: why
+        self.gone: dict[tuple[str, int], int] = {}  # the same targets: the process the broken link reached
+        self.me: int | None = None  # the source's incarnation, once this process has published
+        self.device: int | None = None  # the GPU the newest version's tensors lay on (None: host memory)
         self.source: Source | None = None
         self.intake: Intake | None = None
         self.closed = False
@@ -53,6 +63,19 @@ def _states() -> dict[str, _State]:
 
 
 _STATES_LOCK = threading.Lock()
+
+
+def version_key(uid: str) -> str:
+    """The rendezvous key where a sync's source notes each version it publishes, for a restarted one to go on."""
+    return f"wsync/{uid}/version"
+
+
+def continued_version(rendezvous: Rendezvous, uid: str) -> int:
+    """The newest version a sync's earlier source processes published (0 when none did)."""
+    try:
+        return int(rendezvous.kv_wait(version_key(uid), 0))
+    except TimeoutError:
+        return 0
 
 
 def state_bytes(state_dict: Mapping[Any, Any]) -> int:
@@ -116,8 +139,79 @@ class WeightSync:
         with _STATES_LOCK:
             return _states().setdefault(self._uid, _State())
 
-    def _key(self, target: SyncTarget) -> str:
-        return f"wsync/{self._uid}/{target.group}/{target.rank}"
+    def _link(self, state: _State, target: SyncTarget, incarnation: int, context: WorkerContext) -> Link:
+        """A link from this source process to process ``incarnation`` of ``target``."""
+        assert state.me is not None
+        member = (target.group, target.rank)
+        return Link(self.name, link_key(self._uid, state.me, member, incarnation),
+                    ((self.source, self.source_rank), member), context,
+                    f"group {target.group!r} rank {target.rank} (node {target.node})", incarnation)
+
+    def _entries(self) -> dict[str, GroupEntry]:
+        executor = session().executor
+        return {group: find_entry(executor, group) for group in dict.fromkeys(t.group for t in self.plan)}
+
+    def _start(self, state: _State, context: WorkerContext) -> None:
+        """This process's first publish: the version it continues from (a restarted source's predecessor's, from
+        the rendezvous), a link to each target's current process, and the thread that re-links a restarted one."""
+        rendezvous = session().require(Rendezvous, "weight sync")
+        me = find_entry(session().executor, self.source).incarnation(self.source_rank)
+        entries = self._entries()  # all found before anything is kept: a group not found leaves no half start
+        state.version = continued_version(rendezvous, self._uid) if me else state.version
+        state.me = me
+        for t in self.plan:
+            state.links[t.group, t.rank] = self._link(state, t, entries[t.group].incarnation(t.rank), context)
+        threading.Thread(target=self._watch, args=(state, context), daemon=True,
+                         name=f"hwplace-wsync-watch-{self.name}").start()
+
+    def _watch(self, state: _State, context: WorkerContext) -> None:
+        """On the source, until the sync is closed here: re-link each target whose process was restarted, without
+        waiting for the next publish (it is offered the newest version where that still lies)."""
+        while not state.closed:
+            time.sleep(WATCH)
+            try:
+                entries = self._entries()
+            except Exception:  # a group being shut down: the next look, or close(), settles it
+                continue
+            with state.lock:
+                if not state.closed:
+                    self._readmit(state, entries, context)
+
+    def _standby(self, state: _State, entries: Mapping[str, GroupEntry], device: int | None) -> set[str]:
+        """The transports of the dead targets that their groups may restart: each version is laid down for them
+        too, for the source to offer the newest to a restarted one (for ``other-node``, a copy it keeps)."""
+        return {choose(t.transport, self._holds.get((t.group, t.rank), ()), device) for t in self.plan
+                if (t.group, t.rank) in state.dead and entries[t.group].state(t.rank) != "dead"}
+
+    def _readmit(self, state: _State, entries: Mapping[str, GroupEntry], context: WorkerContext,
+                 state_dict: Mapping[Any, Any] | None = None, standby: set[str] | None = None) -> None:
+        """Under the lock: a new link to each target whose group runs a new process of it (the old link, broken
+        or not, reached the one that died), offered the newest version where it still lies for its transport;
+        during a publish (``state_dict`` given), laid down again where it does not, and for ``standby``."""
+        missed: dict[str, list[Link]] = {name: [] for name in TRANSPORTS}
+        for t in self.plan:
+            member = (t.group, t.rank)
+            link = state.links.get(member)
+            was = link.incarnation if link is not None else state.gone.get(member)
+            now = entries[t.group].incarnation(t.rank)
+            if was is None or now == was or entries[t.group].state(t.rank) == "dead":
+                continue
+            if link is not None:
+                link.close()
+            state.dead.pop(member, None)
+            state.gone.pop(member, None)
+            fresh = state.links[member] = self._link(state, t, now, context)
+            transport = choose(t.transport, self._holds.get(member, ()), state.device)
+            newest = None if state.source is None or not state.version else state.source.newest(transport)
+            if newest is not None:
+                note, copies = newest
+                fresh.offer(note, [c.copy() for c in copies])  # the source's buffers change at the next publish
+            else:
+                missed[transport].append(fresh)
+        if state_dict is not None and state.source is not None:
+            lay = {name for name in standby or () if state.source.newest(name) is None}
+            if lay or any(missed.values()):
+                state.source.publish(state.version, state_dict, missed, again=True, standby=lay)
 
     @traced("weights.publish", SYNC, lambda sync, state_dict: {"sync": sync.name, "bytes": state_bytes(state_dict)})
     def publish(self, state_dict: Mapping[Any, Any]) -> int:
@@ -134,24 +228,31 @@ class WeightSync:
         state = self._state()
         with state.lock:
             self._check_open(state)
-            for t in self.plan:
-                if (t.group, t.rank) not in state.links and (t.group, t.rank) not in state.dead:
-                    state.links[t.group, t.rank] = Link(self.name, self._key(t), ((self.source, self.source_rank),
-                                                        (t.group, t.rank)), context,
-                                                        f"group {t.group!r} rank {t.rank} (node {t.node})")
-            self._bury(state)
-            version = state.version + 1
+            if state.me is None:
+                self._start(state, context)
             visible = context.placement.visible_accelerators or None
             device = source_device(state_dict, visible)
+            self._bury(state)
+            standby: set[str] = set()
+            if state.dead:  # only then a look at the targets' groups: one restarted may be linked again at once
+                entries = self._entries()
+                self._readmit(state, entries, context)
+                standby = self._standby(state, entries, device)
+            version = state.version + 1
+            session().require(Rendezvous, "weight sync").kv_put(version_key(self._uid), str(version).encode())
             links: dict[str, list[Link]] = {name: [] for name in TRANSPORTS}
             for t in self.plan:
                 link = state.links.get((t.group, t.rank))
                 if link is not None:
                     links[choose(t.transport, self._holds.get((t.group, t.rank), ()), device)].append(link)
             state.source = state.source or Source(self._uid, visible, self.bucket_bytes)
-            state.source.publish(version, state_dict, links)
+            dead = len(state.dead)
+            state.source.publish(version, state_dict, links, standby=standby)
+            state.version, state.device = version, device
             self._bury(state)
-            state.version = version
+            if len(state.dead) > dead:  # a target died: if its group restarted it already, it gets this version
+                entries = self._entries()
+                self._readmit(state, entries, context, state_dict, self._standby(state, entries, device))
             return version
 
     def _bury(self, state: _State) -> None:
@@ -160,13 +261,15 @@ class WeightSync:
             if link.error is not None:
                 del state.links[key]
                 state.dead[key] = str(link.error)
+                state.gone[key] = link.incarnation
                 link.close()
                 warnings.warn(f"{link.error}; it gets no more versions, the other targets do", RuntimeWarning,
                               stacklevel=3)
 
     @property
     def dead_targets(self) -> dict[tuple[str, int], str]:
-        """On the source: the targets (group, rank) whose link broke, each with why; they get no more versions."""
+        """On the source: the targets (group, rank) whose link broke, each with why; they get no more versions
+        unless their group restarts them (a restarted target is linked again and leaves this list)."""
         state = self._state()
         with state.lock:
             return dict(state.dead)
@@ -230,7 +333,12 @@ class WeightSync:
                 members = ((self.source, self.source_rank), (me.group, me.rank))
                 context = session().worker_context(what)
                 visible = context.placement.visible_accelerators or None
-                state.intake = Intake(self.name, Receiver(self.name, self._key(me), members, context),
+                mine = incarnation(me.group, me.rank)
+
+                def key(source: int) -> str:
+                    return link_key(self._uid, source, (me.group, me.rank), mine)
+
+                state.intake = Intake(self.name, Receiver(self.name, key, members, context),
                                       SameDevice(visible), SameNode(self._uid))
             return state.intake
 

@@ -21,7 +21,7 @@ segments and links modules.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -204,39 +204,69 @@ def checked(note: Announcement, held: HeldFile | HeldBytes) -> HostVersion:
 
 
 class Source:
-    """The source process's side of one weight sync: its three transports."""
+    """The source process's side of one weight sync: its three transports, and where its newest version still
+    lies for each (:meth:`newest`: what a target that joins late is offered)."""
 
     def __init__(self, uid: str, visible: Sequence[int] | None, bucket_bytes: int) -> None:
         self.same_device = SameDevice(visible)
         self.same_node = SameNode(uid)
         self.bucket_bytes = bucket_bytes
+        self._newest: dict[str, tuple[Announcement, list[Any]]] = {}
 
-    def publish(self, version: int, state_dict: Mapping[str, Any], links: Mapping[str, list[Link]]) -> None:
-        """Lay ``version`` down for each transport's targets (``links``, by transport name) and announce it."""
-        if links[SAME_DEVICE]:
-            deliver(links[SAME_DEVICE], self.same_device.lay_down(version, state_dict))
+    def publish(self, version: int, state_dict: Mapping[str, Any], links: Mapping[str, list[Link]],
+                again: bool = False, standby: Collection[str] = ()) -> None:
+        """Lay ``version`` down for each transport's targets (``links``, by transport name) and announce it.
+
+        ``standby``: transports to lay it down for even without a link now (a target of theirs is dead and may be
+        restarted: :meth:`newest` offers it then). ``again``: the newest version once more, for targets linked
+        again after it was first laid down."""
+        if not again:
+            self._newest.clear()  # never offer an older version than the newest
+        if links[SAME_DEVICE] or SAME_DEVICE in standby:
+            self._newest[SAME_DEVICE] = (self.same_device.lay_down(version, state_dict), [])
+            deliver(links[SAME_DEVICE], self._newest[SAME_DEVICE][0])
         node, other = links[SAME_NODE], links[OTHER_NODE]
-        if not node and not other:
+        to_node, to_other = bool(node) or SAME_NODE in standby, bool(other) or OTHER_NODE in standby
+        if not to_node and not to_other:
             return
         entries, buckets = pack(state_dict, self.bucket_bytes)
         lengths = sizes(entries)
-        if not node and all(link.connected for link in other):
-            OtherNode.stream(other, version, entries, lengths, buckets)
+        if not to_node and OTHER_NODE not in standby and all(link.connected for link in other):
+            OtherNode.stream(other, version, entries, lengths, buckets)  # straight from the tensors: none kept
             return
-        note, copies = self.same_node.lay_down(version, entries, lengths, buckets, bool(node), bool(other))
-        if node:
+        note, copies = self.same_node.lay_down(version, entries, lengths, buckets, to_node, to_other)
+        if to_node:
+            self._newest[SAME_NODE] = (note, [])
             deliver(node, note)
-        if other:
-            deliver(other, OtherNode.following(note), copies)
+        if to_other:
+            following = OtherNode.following(note)
+            self._newest[OTHER_NODE] = (following, [] if isinstance(note.where, SegmentRef) else copies)
+            deliver(other, following, copies)
+
+    def newest(self, transport: str) -> tuple[Announcement, list[Any]] | None:
+        """The newest version as it was announced to ``transport``'s targets, with its buckets when they follow
+        (copies of the source's own: valid until the next publish), or None when it no longer lies anywhere for
+        them: none was laid down for that transport, or (``other-node``) it was streamed from the tensors."""
+        found = self._newest.get(transport)
+        if found is None:
+            return None
+        note, copies = found
+        if transport == OTHER_NODE and not copies and note.lengths and self.same_node.segments is not None:
+            node = self._newest.get(SAME_NODE)
+            if node is None or not isinstance(node[0].where, SegmentRef):
+                return None
+            copies = self.same_node.segments.views(node[0].where)  # the node's copy: intact until the next publish
+        return note, copies
 
     def close(self) -> None:
+        self._newest.clear()
         self.same_device.close()
         self.same_node.close()
 
 
 def deliver(links: list[Link], note: Announcement, copies: Sequence[Any] = ()) -> None:
     """Send ``note`` now to the targets that have joined; leave it, with copies of ``copies`` (its buckets, when
-    they follow), to the others' links until they join."""
+    they follow), to the others' links until they join. No links: nothing to do."""
     waiting = [link for link in links if not link.connected]
     if waiting:
         kept = [c.copy() for c in copies]  # the caller's buffers may change after publish returns

@@ -1,0 +1,159 @@
+"""hwplace.WeightSync with restarted ranks (SPEC §12 "Rejoin"), on two nodes of each executor
+(tests/runtime_clusters.py): a restarted target gets the newest version before its first ``latest()`` returns,
+without a new publish where the source still holds it (after the next publish for an ``other-node`` target of a
+source that streams from its tensors, unless a publish came while it restarted: the source keeps a copy then),
+and the other targets are unaffected; a restarted source
+continues the version numbers while its targets keep the last version. Waits have no timeout of their own beyond
+the calls': the module's limit is around them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+from unittest import mock
+
+import pytest
+
+import hwplace
+from hwplace.runtime.weight_sync import sync as sync_module
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.time_limit(300)
+
+# trainer rank 0 holds accelerator 0 of node 0; rollout 0 shares it, rollout 1 is on node 0, rollout 2 on node 1
+CONFIG = {"cluster": {"num_nodes": 2, "component_placement": {"trainer": "0", "rollout": "0,2,4"}}}
+CLUSTER = CONFIG["cluster"]
+
+
+def state_dict(version: int) -> dict[str, Any]:
+    """Every value equals the version, so a mix of two versions shows; over the bytes an announcement carries,
+    so the source's node holds a copy in shared memory."""
+    return {"w": torch.full((4096,), float(version)), "b": torch.full((3,), float(version))}
+
+
+class Trainer(hwplace.Worker):
+    def publish(self, sync: hwplace.WeightSync, version: int) -> int:
+        return sync.publish(state_dict(version))
+
+    def publish_through_slots(self, sync: hwplace.WeightSync, version: int) -> int:
+        """As if the tensors were on GPU 0, which rollout 0 holds: its version lies in the device-share slots (here
+        torch's CPU shared memory, standing in for CUDA IPC); the others read host copies."""
+        with mock.patch.object(sync_module, "source_device", return_value=0):
+            return sync.publish(state_dict(version))
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def dead_targets(self, sync: hwplace.WeightSync) -> list[tuple[str, int]]:
+        return sorted(sync.dead_targets)
+
+
+class Rollout(hwplace.Worker):
+    def latest(self, sync: hwplace.WeightSync, min_version: int) -> tuple[int, list[float]]:
+        weights = sync.latest(min_version=min_version, timeout=120)
+        return weights.version, sorted({float(v) for t in weights.tensors.values() for v in t.float().reshape(-1)})
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def restarted(group: hwplace.WorkerGroup, ranks: list[int]) -> None:
+    """Until each of ``ranks`` has used a restart and every rank of the group serves (polled)."""
+    while not all(s.restarts >= 1 for s in group.status() if s.rank in ranks) or \
+            any(s.state != "serving" for s in group.status()):
+        time.sleep(0.05)
+
+
+def launch(cluster: hwplace.Cluster, trainer_restart: hwplace.Restart | None,
+           rollout_restart: hwplace.Restart | None) -> tuple[hwplace.WorkerGroup, hwplace.WorkerGroup]:
+    placement = hwplace.ComponentPlacement(CONFIG, cluster)
+    trainer = Trainer.create_group().launch(cluster, placement.get_strategy("trainer"), name="trainer",
+                                            restart=trainer_restart)
+    rollout = Rollout.create_group().launch(cluster, placement.get_strategy("rollout"), name="rollout",
+                                            restart=rollout_restart)
+    return trainer, rollout
+
+
+@pytest.mark.parametrize("killed", [[1], [0, 2]], ids=["same-node", "same-device and other-node"])
+def test_a_restarted_target_gets_the_newest_version_without_a_new_publish(cluster: hwplace.Cluster,
+                                                                        killed: list[int]) -> None:
+    trainer, rollout = launch(cluster, None, hwplace.Restart(max_restarts=1))
+    try:
+        sync = hwplace.WeightSync.create("policy", source="trainer", targets=("rollout",))
+        assert [t.transport for t in sync.plan] == ["same-device", "same-node", "other-node"]
+        first = rollout.latest(sync, 1)
+        assert trainer.publish_through_slots(sync, 1).wait() == [1]
+        assert first.wait() == [(1, [1.0])] * 3
+        assert trainer.publish_through_slots(sync, 2).wait() == [2]
+        assert rollout.latest(sync, 2).wait() == [(2, [2.0])] * 3
+        pids = rollout.pid().wait()
+        for rank in killed:
+            os.kill(pids[rank], signal.SIGKILL)
+        restarted(rollout, killed)
+        after = rollout.pid().wait()
+        assert [after[r] != pids[r] for r in range(3)] == [r in killed for r in range(3)]
+        for rank in killed:  # no publish since: the source offered the new process the newest version
+            assert rollout.execute_on(rank).latest(sync, 0).wait() == [(2, [2.0])]
+        for rank in sorted(set(range(3)) - set(killed)):  # the others are unaffected
+            assert rollout.execute_on(rank).latest(sync, 0).wait() == [(2, [2.0])]
+        assert trainer.publish_through_slots(sync, 3).wait() == [3]
+        assert rollout.latest(sync, 3).wait() == [(3, [3.0])] * 3
+        assert trainer.dead_targets(sync).wait() == [[]]
+    finally:
+        trainer.shutdown()
+        rollout.shutdown()
+
+
+def test_a_restarted_target_of_a_source_that_streams_gets_the_next_version_or_one_kept_for_it(
+        cluster: hwplace.Cluster) -> None:
+    trainer = Trainer.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="trainer")
+    far = Rollout.create_group().launch(cluster, hwplace.NodePlacementStrategy([1, 1]), name="far",
+                                        restart=hwplace.Restart(max_restarts=1))
+    try:
+        sync = hwplace.WeightSync.create("far", source="trainer", targets=("far",))
+        assert [t.transport for t in sync.plan] == ["other-node", "other-node"]
+        first = far.latest(sync, 1)
+        assert trainer.publish(sync, 1).wait() == [1]
+        assert first.wait() == [(1, [1.0])] * 2  # both joined: version 2 streams from the source's tensors
+        assert trainer.publish(sync, 2).wait() == [2]
+        assert far.latest(sync, 2).wait() == [(2, [2.0])] * 2
+        os.kill(far.pid().wait()[1], signal.SIGKILL)
+        restarted(far, [1])
+        waiting = far.execute_on(1).latest(sync, 0)  # no copy of version 2 is kept: it waits for the next one
+        assert trainer.publish(sync, 3).wait() == [3]
+        assert waiting.wait() == [(3, [3.0])]
+        assert far.latest(sync, 3).wait() == [(3, [3.0])] * 2
+        os.kill(far.pid().wait()[0], signal.SIGKILL)  # now a publish comes while the group restarts the rank:
+        while far.status()[0].restarts < 1:
+            time.sleep(0.05)
+        assert trainer.publish(sync, 4).wait() == [4]  # the source keeps a copy of it for the rank coming back
+        restarted(far, [0])
+        assert far.execute_on(0).latest(sync, 0).wait() == [(4, [4.0])]  # with no publish since
+        assert far.execute_on(1).latest(sync, 0).wait() == [(4, [4.0])]
+    finally:
+        trainer.shutdown()
+        far.shutdown()
+
+
+def test_a_restarted_source_continues_the_version_numbers(cluster: hwplace.Cluster) -> None:
+    trainer, rollout = launch(cluster, hwplace.Restart(max_restarts=1), None)
+    try:
+        sync = hwplace.WeightSync.create("policy", source="trainer", targets=("rollout",))
+        first = rollout.latest(sync, 1)
+        for version in (1, 2, 3):
+            assert trainer.publish(sync, version).wait() == [version]
+        assert first.wait()[0][0] >= 1
+        assert rollout.latest(sync, 3).wait() == [(3, [3.0])] * 3
+        os.kill(trainer.pid().wait()[0], signal.SIGKILL)
+        assert rollout.latest(sync, 0).wait() == [(3, [3.0])] * 3  # the targets keep the last version meanwhile
+        waiting = rollout.latest(sync, 4)  # waits through the source's restart
+        restarted(trainer, [0])
+        assert trainer.publish(sync, 4).wait() == [4]  # not 1: the new process goes on from its predecessor's
+        assert waiting.wait() == [(4, [4.0])] * 3
+        assert trainer.publish(sync, 5).wait() == [5]
+        assert rollout.latest(sync, 5).wait() == [(5, [5.0])] * 3
+    finally:
+        trainer.shutdown()
+        rollout.shutdown()
