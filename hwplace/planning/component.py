@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from hwplace.config.grammar import ResolvedEntry, parse_placement, resolve_placement
@@ -59,7 +59,7 @@ class ComponentPlacement:
             raise ConfigError("cluster.component_placement", "is missing or empty: no component to place")
         self.cluster = cluster
         self._strategies: dict[str, PlacementStrategy] = {}  # planned on first use: planning never needs them
-        self._lists: dict[str, tuple[list[Sequence[int]], bool, list[NodeGroup]]] = {}
+        self._lists: dict[str, tuple[list[tuple[int, ...]], bool, list[NodeGroup]]] = {}
         self._placements: dict[str, list[Placement]] = {}
         spaces: dict[tuple[str, ...], ResourceSpace] = {}
         with gc_paused():  # tens of thousands of small records: collections would make planning superlinear
@@ -92,7 +92,7 @@ class ComponentPlacement:
             resolved = resolve_placement(text, parse_placement(text), len(space), space.description)
         except PlacementError as exc:
             raise exc.located(spec.name, text, exc.span) from None
-        lists: list[Sequence[int]] = [ids for entry in resolved for ids in entry.resource_lists()]
+        lists = [ids for entry in resolved for ids in entry.resource_ids()]
         if space.is_node_kind:
             for entry in resolved:
                 if entry.num_resources > entry.num_processes:
@@ -128,8 +128,8 @@ class ComponentPlacement:
         self._known(name)
         if name not in self._strategies:
             lists, node_kind, groups = self._lists[name]
-            strategy = (NodePlacementStrategy([ids[0] for ids in lists], node_group=groups)
-                        if node_kind else FlexiblePlacementStrategy(lists, node_group=groups))
+            strategy = (NodePlacementStrategy.of_checked(tuple([ids[0] for ids in lists]), node_group=groups)
+                        if node_kind else FlexiblePlacementStrategy.of_checked(tuple(lists), node_group=groups))
             self._strategies[name] = strategy.planned_on(self.cluster, self._placements[name])
         return self._strategies[name]
 
