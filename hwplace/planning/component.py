@@ -21,7 +21,7 @@ from hwplace.foundation.errors import ConfigError, PlacementError
 from hwplace.foundation.wording import did_you_mean, plural, safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.memory import DeviceKey, DeviceMemory, capacity_of, check_memory, device_memory
-from hwplace.planning.placements import build_placements, gc_paused
+from hwplace.planning.placements import View, build_placements, gc_paused
 from hwplace.planning.resources import ResourceSpace, resource_space
 from hwplace.planning.strategies import FlexiblePlacementStrategy, NodePlacementStrategy, PlacementStrategy
 
@@ -62,9 +62,10 @@ class ComponentPlacement:
         self._lists: dict[str, tuple[list[tuple[int, ...]], bool, list[NodeGroup]]] = {}
         self._placements: dict[str, list[Placement]] = {}
         spaces: dict[tuple[str, ...], ResourceSpace] = {}
+        views: dict[tuple[int, str, tuple[int, ...]], View] = {}  # what a process sees: the same for every component
         with gc_paused():  # tens of thousands of small records: collections would make planning superlinear
             for spec in self.config.components.values():
-                self._place(spec, spaces)
+                self._place(spec, spaces, views)
         self.memory: list[DeviceMemory] = self._plan_memory() if self.job.resources else []
         """Each accelerator's peak memory, capacity and headroom; empty without a ``resources:`` section."""
         check_memory(self.memory)
@@ -79,7 +80,8 @@ class ComponentPlacement:
                         capacities[(p.node_rank, p.hardware_type, device.index)] = capacity_of(device.properties)
         return device_memory(self._placements, self.job.resources, capacities)
 
-    def _place(self, spec: ComponentSpec, spaces: dict[tuple[str, ...], ResourceSpace]) -> None:
+    def _place(self, spec: ComponentSpec, spaces: dict[tuple[str, ...], ResourceSpace],
+               views: dict[tuple[int, str, tuple[int, ...]], View]) -> None:
         text = spec.placement
         groups = [self.config.group(label) for label in spec.node_groups]
         if spec.node_groups not in spaces:
@@ -102,7 +104,7 @@ class ComponentPlacement:
                         "a process holds exactly one node; give at least as many processes as nodes",
                         component=spec.name, text=text, span=entry.entry.span)
         try:
-            placements = build_placements(self.cluster, space, lists, isolate_accelerator=True)
+            placements = build_placements(self.cluster, space, lists, isolate_accelerator=True, views=views)
         except PlacementError as exc:
             raise exc.located(spec.name, text, _entry_span(resolved, exc.rank)) from None
         self._lists[spec.name] = (lists, space.is_node_kind, groups)

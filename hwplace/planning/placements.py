@@ -30,9 +30,13 @@ def gc_paused() -> Iterator[None]:
 
 
 def build_placements(
-    cluster: Cluster, space: ResourceSpace, id_lists: Sequence[Sequence[int]], isolate_accelerator: bool
+    cluster: Cluster, space: ResourceSpace, id_lists: Sequence[Sequence[int]], isolate_accelerator: bool,
+    views: dict[tuple[int, str, tuple[int, ...]], View] | None = None,
 ) -> list[Placement]:
-    """One placement per list of resource ranks, in rank order; every rule on a process is checked here."""
+    """One placement per list of resource ranks, in rank order; every rule on a process is checked here.
+
+    ``views`` keeps what a process on a node, of a type, with its own devices sees (made once for each); pass
+    the same dict to place several components on one cluster with the same ``isolate_accelerator``."""
     resources = space.resources
     count = len(resources)
     # What a process sees depends only on its own resources: a process of one resource is keyed by its rank
@@ -57,7 +61,7 @@ def build_placements(
             found = owned.setdefault(key, (first, own))
         keys.append(key)
         per_node[found[0].node_rank] += 1
-    return _realise(cluster, keys, owned, per_node, isolate_accelerator)
+    return _realise(cluster, keys, owned, per_node, isolate_accelerator, {} if views is None else views)
 
 
 def _own_resources(rank: int, ids: Sequence[int], space: ResourceSpace) -> tuple[Resource, tuple[Device, ...]]:
@@ -94,24 +98,27 @@ def _unhealthy(rank: int, res: Resource) -> PlacementError:
 
 def _realise(
     cluster: Cluster, keys: list[Any], owned: dict[Any, tuple[Resource, tuple[Device, ...]]], per_node: list[int],
-    isolate: bool,
+    isolate: bool, views: dict[tuple[int, str, tuple[int, ...]], View],
 ) -> list[Placement]:
     kinds = {t: cluster.kind(t) for t in {res.hardware_type for res, _ in owned.values()}}
     backends = _Backends(cluster)
     node_ids = [node.node_id for node in cluster.nodes]
-    views: dict[Any, tuple[Any, ...]] = {}  # key: the fields of a placement that its rank does not change
+    made: dict[Any, tuple[Any, ...]] = {}  # key: the fields of a placement that its rank does not change
     next_local = [0] * len(per_node)
     placements: list[Placement] = []
     append = placements.append
     new = _new_placement
     for rank, key in enumerate(keys):
-        fields = views.get(key)
+        fields = made.get(key)
         if fields is None:  # made in rank order of first use, so a failing backend fails at the same process
             res, own = owned[key]
             node_rank, hardware_type = res.node_rank, res.hardware_type
             local = (own[0].index,) if len(own) == 1 else tuple(d.index for d in own)
-            view = _view(cluster, backends, node_rank, hardware_type, kinds[hardware_type], own, local, isolate)
-            fields = views[key] = (node_ids[node_rank], node_rank, view[0], per_node[node_rank], view[1], local,
+            view = views.get((node_rank, hardware_type, local))
+            if view is None:
+                view = views[(node_rank, hardware_type, local)] = _view(
+                    cluster, backends, node_rank, hardware_type, kinds[hardware_type], own, local, isolate)
+            fields = made[key] = (node_ids[node_rank], node_rank, view[0], per_node[node_rank], view[1], local,
                                    hardware_type, res.group, view[2])
         node_id, node_rank, accelerator, local_world_size, visible, local, hardware_type, group, env = fields
         local_rank = next_local[node_rank]
@@ -170,10 +177,14 @@ class _Backends(dict[str, Any]):
         return found
 
 
+View = tuple[int, tuple[int, ...], FrozenDict[str, str]]
+"""A process's first own accelerator (-1 for none), the accelerators it sees and its isolation env."""
+
+
 def _view(
     cluster: Cluster, backends: _Backends, node_rank: int, hardware_type: str, kind: str | None,
     own: tuple[Device, ...], local: tuple[int, ...], isolate: bool,
-) -> tuple[int, tuple[int, ...], FrozenDict[str, str]]:
+) -> View:
     """A process's first own accelerator, the accelerators it sees and its isolation env."""
     node = cluster.nodes[node_rank]
     if kind == "accelerator":
