@@ -107,7 +107,8 @@ def _realise(
     next_local = [0] * len(per_node)
     placements: list[Placement] = []
     append = placements.append
-    new = _new_placement
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11 = _SLOTS  # Placement's fields, set as _new_placement does
+    new = object.__new__
     for rank, key in enumerate(keys):
         fields = made.get(key)
         if fields is None:  # made in rank order of first use, so a failing backend fails at the same process
@@ -123,46 +124,37 @@ def _realise(
         node_id, node_rank, accelerator, local_world_size, visible, local, hardware_type, group, env = fields
         local_rank = next_local[node_rank]
         next_local[node_rank] = local_rank + 1
-        append(new(rank, node_id, node_rank, accelerator, local_rank, local_world_size, visible, isolate, local,
-                   hardware_type, group, env))
-    return placements
-
-
-def _placement_maker() -> Any:
-    """A function making a :class:`Placement` from its fields in order, as ``Placement(...)`` does, at a third
-    of the cost: the frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``, this
-    through the field's slot. Planning makes one per process; ``Placement`` has no ``__post_init__`` to skip."""
-    if hasattr(Placement, "__post_init__"):
-        return Placement
-    slots = [Placement.__dict__[f.name].__set__ for f in dataclasses.fields(Placement)]
-    if len(slots) != 12:
-        return Placement
-    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11 = slots
-    new = object.__new__
-
-    def make(rank: int, node_id: str, node_rank: int, local_accelerator_id: int, local_rank: int,
-             local_world_size: int, visible_accelerators: tuple[int, ...], isolate_accelerator: bool,
-             local_hardware_ranks: tuple[int, ...], hardware_type: str, node_group: str,
-             env: FrozenDict[str, str]) -> Placement:
-        placement = new(Placement)
+        placement = new(Placement)  # inlined: a call per process costs a tenth of the planning
         s0(placement, rank)
         s1(placement, node_id)
         s2(placement, node_rank)
-        s3(placement, local_accelerator_id)
+        s3(placement, accelerator)
         s4(placement, local_rank)
         s5(placement, local_world_size)
-        s6(placement, visible_accelerators)
-        s7(placement, isolate_accelerator)
-        s8(placement, local_hardware_ranks)
+        s6(placement, visible)
+        s7(placement, isolate)
+        s8(placement, local)
         s9(placement, hardware_type)
-        s10(placement, node_group)
+        s10(placement, group)
         s11(placement, env)
-        return placement
+        append(placement)
+    return placements
 
-    return make
+
+_SLOTS = tuple(Placement.__dict__[f.name].__set__ for f in dataclasses.fields(Placement))
+if len(_SLOTS) != 12 or hasattr(Placement, "__post_init__"):  # pragma: no cover (a guard on the record's shape)
+    raise ImportError("hwplace.planning.placements sets Placement's 12 fields through their slots: update it with "
+                      "the record")
 
 
-_new_placement = _placement_maker()
+def _new_placement(*fields: Any) -> Placement:
+    """A :class:`Placement` of ``fields`` in order, as ``Placement(*fields)`` makes it, at a third of the cost:
+    the frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``, this through the field's
+    slot (``_realise`` does the same, inlined). ``Placement`` has no ``__post_init__`` to skip."""
+    placement = object.__new__(Placement)
+    for setter, value in zip(_SLOTS, fields, strict=True):
+        setter(placement, value)
+    return placement
 
 
 class _Backends(dict[str, Any]):
