@@ -58,6 +58,18 @@ class ResolvedEntry:
                 resource = first + k // share
                 yield range(resource, resource + 1)
 
+    def resource_ids(self) -> list[tuple[int, ...]]:
+        """The resource ranks of each process of this entry, in process order, as tuples: what
+        :meth:`resource_lists` yields, built in bulk (planning makes one per process)."""
+        r, p, first = self.num_resources, self.num_processes, self.first_resource
+        if r == p:
+            return [(i,) for i in range(first, first + p)]
+        if r > p:
+            step = r // p
+            return [tuple(range(start, start + step)) for start in range(first, first + p * step, step)]
+        share = p // r
+        return [one for one in [(i,) for i in range(first, first + r)] for _ in range(share)]
+
 
 def placement_text(value: object) -> str:
     """The placement string of a YAML value: a string as it is, an integer as its decimal string."""

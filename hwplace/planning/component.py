@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from hwplace.config.grammar import ResolvedEntry, parse_placement, resolve_placement
@@ -21,7 +21,7 @@ from hwplace.foundation.errors import ConfigError, PlacementError
 from hwplace.foundation.wording import did_you_mean, plural, safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.memory import DeviceKey, DeviceMemory, capacity_of, check_memory, device_memory
-from hwplace.planning.placements import build_placements, gc_paused
+from hwplace.planning.placements import View, build_placements, gc_paused
 from hwplace.planning.resources import ResourceSpace, resource_space
 from hwplace.planning.strategies import FlexiblePlacementStrategy, NodePlacementStrategy, PlacementStrategy
 
@@ -59,12 +59,13 @@ class ComponentPlacement:
             raise ConfigError("cluster.component_placement", "is missing or empty: no component to place")
         self.cluster = cluster
         self._strategies: dict[str, PlacementStrategy] = {}  # planned on first use: planning never needs them
-        self._lists: dict[str, tuple[list[Sequence[int]], bool, list[NodeGroup]]] = {}
+        self._lists: dict[str, tuple[list[tuple[int, ...]], bool, list[NodeGroup]]] = {}
         self._placements: dict[str, list[Placement]] = {}
         spaces: dict[tuple[str, ...], ResourceSpace] = {}
+        views: dict[tuple[int, str, tuple[int, ...]], View] = {}  # what a process sees: the same for every component
         with gc_paused():  # tens of thousands of small records: collections would make planning superlinear
             for spec in self.config.components.values():
-                self._place(spec, spaces)
+                self._place(spec, spaces, views)
         self.memory: list[DeviceMemory] = self._plan_memory() if self.job.resources else []
         """Each accelerator's peak memory, capacity and headroom; empty without a ``resources:`` section."""
         check_memory(self.memory)
@@ -79,7 +80,8 @@ class ComponentPlacement:
                         capacities[(p.node_rank, p.hardware_type, device.index)] = capacity_of(device.properties)
         return device_memory(self._placements, self.job.resources, capacities)
 
-    def _place(self, spec: ComponentSpec, spaces: dict[tuple[str, ...], ResourceSpace]) -> None:
+    def _place(self, spec: ComponentSpec, spaces: dict[tuple[str, ...], ResourceSpace],
+               views: dict[tuple[int, str, tuple[int, ...]], View]) -> None:
         text = spec.placement
         groups = [self.config.group(label) for label in spec.node_groups]
         if spec.node_groups not in spaces:
@@ -92,7 +94,7 @@ class ComponentPlacement:
             resolved = resolve_placement(text, parse_placement(text), len(space), space.description)
         except PlacementError as exc:
             raise exc.located(spec.name, text, exc.span) from None
-        lists: list[Sequence[int]] = [ids for entry in resolved for ids in entry.resource_lists()]
+        lists = [ids for entry in resolved for ids in entry.resource_ids()]
         if space.is_node_kind:
             for entry in resolved:
                 if entry.num_resources > entry.num_processes:
@@ -102,7 +104,7 @@ class ComponentPlacement:
                         "a process holds exactly one node; give at least as many processes as nodes",
                         component=spec.name, text=text, span=entry.entry.span)
         try:
-            placements = build_placements(self.cluster, space, lists, isolate_accelerator=True)
+            placements = build_placements(self.cluster, space, lists, isolate_accelerator=True, views=views)
         except PlacementError as exc:
             raise exc.located(spec.name, text, _entry_span(resolved, exc.rank)) from None
         self._lists[spec.name] = (lists, space.is_node_kind, groups)
@@ -128,8 +130,8 @@ class ComponentPlacement:
         self._known(name)
         if name not in self._strategies:
             lists, node_kind, groups = self._lists[name]
-            strategy = (NodePlacementStrategy([ids[0] for ids in lists], node_group=groups)
-                        if node_kind else FlexiblePlacementStrategy(lists, node_group=groups))
+            strategy = (NodePlacementStrategy.of_checked(tuple([ids[0] for ids in lists]), node_group=groups)
+                        if node_kind else FlexiblePlacementStrategy.of_checked(tuple(lists), node_group=groups))
             self._strategies[name] = strategy.planned_on(self.cluster, self._placements[name])
         return self._strategies[name]
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from hwplace.contracts.hardware import Device
 from hwplace.contracts.records import Placement
@@ -28,25 +30,38 @@ def gc_paused() -> Iterator[None]:
 
 
 def build_placements(
-    cluster: Cluster, space: ResourceSpace, id_lists: Sequence[Sequence[int]], isolate_accelerator: bool
+    cluster: Cluster, space: ResourceSpace, id_lists: Sequence[Sequence[int]], isolate_accelerator: bool,
+    views: dict[tuple[int, str, tuple[int, ...]], View] | None = None,
 ) -> list[Placement]:
-    """One placement per list of resource ranks, in rank order; every rule on a process is checked here."""
+    """One placement per list of resource ranks, in rank order; every rule on a process is checked here.
+
+    ``views`` keeps what a process on a node, of a type, with its own devices sees (made once for each); pass
+    the same dict to place several components on one cluster with the same ``isolate_accelerator``."""
     resources = space.resources
-    chosen: list[tuple[Resource, tuple[Device, ...]]] = []
-    per_node: dict[int, int] = {}
+    count = len(resources)
+    # What a process sees depends only on its own resources: a process of one resource is keyed by its rank
+    # in the space, one of several by its node, type and devices. Each key is checked once, its view made once.
+    owned: dict[Any, tuple[Resource, tuple[Device, ...]]] = {}
+    keys: list[Any] = []
+    per_node = [0] * cluster.num_nodes
     for rank, ids in enumerate(id_lists):
         if len(ids) == 1:  # the common case, kept fast
-            if ids[0] >= len(resources):
-                raise _beyond(rank, ids[0], space)
-            first = resources[ids[0]]
-            if not first.device.healthy:
-                raise _unhealthy(rank, first)
-            own: tuple[Device, ...] = (first.device,)
+            key: Any = ids[0]
+            found = owned.get(key)
+            if found is None:
+                if key >= count:
+                    raise _beyond(rank, key, space)
+                first = resources[key]
+                if not first.device.healthy:
+                    raise _unhealthy(rank, first)
+                found = owned[key] = (first, (first.device,))
         else:
             first, own = _own_resources(rank, ids, space)
-        chosen.append((first, own))
-        per_node[first.node_rank] = per_node.get(first.node_rank, 0) + 1
-    return _realise(cluster, chosen, per_node, isolate_accelerator)
+            key = (first.node_rank, first.hardware_type, first.group, tuple(d.index for d in own))
+            found = owned.setdefault(key, (first, own))
+        keys.append(key)
+        per_node[found[0].node_rank] += 1
+    return _realise(cluster, keys, owned, per_node, isolate_accelerator, {} if views is None else views)
 
 
 def _own_resources(rank: int, ids: Sequence[int], space: ResourceSpace) -> tuple[Resource, tuple[Device, ...]]:
@@ -82,50 +97,103 @@ def _unhealthy(rank: int, res: Resource) -> PlacementError:
 
 
 def _realise(
-    cluster: Cluster, chosen: list[tuple[Resource, tuple[Device, ...]]], per_node: dict[int, int], isolate: bool
+    cluster: Cluster, keys: list[Any], owned: dict[Any, tuple[Resource, tuple[Device, ...]]], per_node: list[int],
+    isolate: bool, views: dict[tuple[int, str, tuple[int, ...]], View],
 ) -> list[Placement]:
-    # What a process sees depends only on its node, hardware type and own devices: work it out once for each.
-    seen: dict[tuple[int, str, tuple[int, ...]], tuple[int, tuple[int, ...], FrozenDict[str, str]]] = {}
-    kinds = {t: cluster.kind(t) for t in {res.hardware_type for res, _ in chosen}}
+    kinds = {t: cluster.kind(t) for t in {res.hardware_type for res, _ in owned.values()}}
+    backends = _Backends(cluster)
     node_ids = [node.node_id for node in cluster.nodes]
-    next_local: dict[int, int] = {}
+    made: dict[Any, tuple[Any, ...]] = {}  # key: the fields of a placement that its rank does not change
+    next_local = [0] * len(per_node)
     placements: list[Placement] = []
     append = placements.append
-    for rank, (res, own) in enumerate(chosen):
-        node_rank, hardware_type = res.node_rank, res.hardware_type
-        local = (own[0].index,) if len(own) == 1 else tuple(d.index for d in own)
-        key = (node_rank, hardware_type, local)
-        view = seen.get(key)
-        if view is None:
-            view = seen[key] = _view(cluster, node_rank, hardware_type, kinds[hardware_type], own, local, isolate)
-        local_rank = next_local.get(node_rank, 0)
+    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11 = _SLOTS  # Placement's fields, set as _new_placement does
+    new = object.__new__
+    for rank, key in enumerate(keys):
+        fields = made.get(key)
+        if fields is None:  # made in rank order of first use, so a failing backend fails at the same process
+            res, own = owned[key]
+            node_rank, hardware_type = res.node_rank, res.hardware_type
+            local = (own[0].index,) if len(own) == 1 else tuple(d.index for d in own)
+            view = views.get((node_rank, hardware_type, local))
+            if view is None:
+                view = views[(node_rank, hardware_type, local)] = _view(
+                    cluster, backends, node_rank, hardware_type, kinds[hardware_type], own, local, isolate)
+            fields = made[key] = (node_ids[node_rank], node_rank, view[0], per_node[node_rank], view[1], local,
+                                   hardware_type, res.group, view[2])
+        node_id, node_rank, accelerator, local_world_size, visible, local, hardware_type, group, env = fields
+        local_rank = next_local[node_rank]
         next_local[node_rank] = local_rank + 1
-        append(Placement(rank, node_ids[node_rank], node_rank, view[0], local_rank, per_node[node_rank], view[1],
-                         isolate, local, hardware_type, res.group, view[2]))
+        placement = new(Placement)  # inlined: a call per process costs a tenth of the planning
+        s0(placement, rank)
+        s1(placement, node_id)
+        s2(placement, node_rank)
+        s3(placement, accelerator)
+        s4(placement, local_rank)
+        s5(placement, local_world_size)
+        s6(placement, visible)
+        s7(placement, isolate)
+        s8(placement, local)
+        s9(placement, hardware_type)
+        s10(placement, group)
+        s11(placement, env)
+        append(placement)
     return placements
 
 
+_SLOTS = tuple(Placement.__dict__[f.name].__set__ for f in dataclasses.fields(Placement))
+if len(_SLOTS) != 12 or hasattr(Placement, "__post_init__"):  # pragma: no cover (a guard on the record's shape)
+    raise ImportError("hwplace.planning.placements sets Placement's 12 fields through their slots: update it with "
+                      "the record")
+
+
+def _new_placement(*fields: Any) -> Placement:
+    """A :class:`Placement` of ``fields`` in order, as ``Placement(*fields)`` makes it, at a third of the cost:
+    the frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``, this through the field's
+    slot (``_realise`` does the same, inlined). ``Placement`` has no ``__post_init__`` to skip."""
+    placement = object.__new__(Placement)
+    for setter, value in zip(_SLOTS, fields, strict=True):
+        setter(placement, value)
+    return placement
+
+
+class _Backends(dict[str, Any]):
+    """``cluster.backend(name)`` by name, each looked up once (a view is made for each device)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__()
+        self.cluster = cluster
+
+    def __missing__(self, hardware_type: str) -> Any:
+        found = self[hardware_type] = self.cluster.backend(hardware_type)
+        return found
+
+
+View = tuple[int, tuple[int, ...], FrozenDict[str, str]]
+"""A process's first own accelerator (-1 for none), the accelerators it sees and its isolation env."""
+
+
 def _view(
-    cluster: Cluster, node_rank: int, hardware_type: str, kind: str | None, own: tuple[Device, ...],
-    local: tuple[int, ...], isolate: bool,
-) -> tuple[int, tuple[int, ...], FrozenDict[str, str]]:
+    cluster: Cluster, backends: _Backends, node_rank: int, hardware_type: str, kind: str | None,
+    own: tuple[Device, ...], local: tuple[int, ...], isolate: bool,
+) -> View:
     """A process's first own accelerator, the accelerators it sees and its isolation env."""
     node = cluster.nodes[node_rank]
     if kind == "accelerator":
         shown = own if isolate else node.devices(hardware_type)
         visible = local if isolate else tuple(d.index for d in shown)
-        return local[0], visible, FrozenDict(_isolation_env(cluster, hardware_type, shown))
+        return local[0], visible, FrozenDict(_isolation_env(backends, hardware_type, shown))
     types = cluster.accelerator_types([node_rank])
     hidden = isolate and kind == "device"  # a device process owns no accelerator
     visible = () if hidden or not types else tuple(d.index for d in node.devices(types[0]))
-    env = _isolation_env(cluster, hardware_type, own)
+    env = _isolation_env(backends, hardware_type, own)
     for other in types if hidden else ():
-        env.update(_isolation_env(cluster, other, ()))
+        env.update(_isolation_env(backends, other, ()))
     return -1, visible, FrozenDict(env)
 
 
-def _isolation_env(cluster: Cluster, hardware_type: str, devices: Sequence[Device]) -> dict[str, str]:
-    backend = cluster.backend(hardware_type)
+def _isolation_env(backends: _Backends, hardware_type: str, devices: Sequence[Device]) -> dict[str, str]:
+    backend = backends[hardware_type]
     if backend is None:
         raise PlacementError(f"no hardware backend {hardware_type!r} is registered on this machine")
     try:

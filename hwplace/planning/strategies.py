@@ -207,6 +207,17 @@ class FlexiblePlacementStrategy(PlacementStrategy):
             raise PlacementError("accelerator_id_lists is empty: give one list per process")
         self.accelerator_id_lists: tuple[tuple[int, ...], ...] = tuple(lists)
 
+    @classmethod
+    def of_checked(cls, lists: tuple[tuple[int, ...], ...], node_group: GroupSelection) -> FlexiblePlacementStrategy:
+        """The strategy of ``lists`` that are known good (non-empty tuples of ascending, distinct non-negative
+        ids, as ``ComponentPlacement`` resolves them), without checking each list again."""
+        strategy = cls.__new__(cls)
+        PlacementStrategy.__init__(strategy, node_group)
+        if not lists:
+            raise PlacementError("accelerator_id_lists is empty: give one list per process")
+        strategy.accelerator_id_lists = lists
+        return strategy
+
     def resource_lists(self, space: ResourceSpace) -> tuple[tuple[int, ...], ...]:
         return self.accelerator_id_lists
 
@@ -229,6 +240,17 @@ class NodePlacementStrategy(PlacementStrategy):
                 raise PlacementError(f"process {rank}: {index!r} is not a node index (a non-negative integer)",
                                      rank=rank)
         self.node_ranks: tuple[int, ...] = tuple(node_ranks)
+
+    @classmethod
+    def of_checked(cls, node_ranks: tuple[int, ...], node_group: GroupSelection) -> NodePlacementStrategy:
+        """The strategy of ``node_ranks`` that are known good (a non-empty tuple of non-negative integers, as
+        ``ComponentPlacement`` resolves them), without checking each one again."""
+        strategy = cls.__new__(cls)
+        PlacementStrategy.__init__(strategy, node_group)
+        if not node_ranks:
+            raise PlacementError(f"node_ranks must be a non-empty list of node indices, got {node_ranks!r}")
+        strategy.node_ranks = node_ranks
+        return strategy
 
     def resource_lists(self, space: ResourceSpace) -> list[tuple[int]]:
         return [(index,) for index in self.node_ranks]

@@ -406,3 +406,13 @@ def test_error_message_quotes_the_whole_string_too() -> None:
     exc = placement_error("0-3,3-5")
     assert exc.text == "0-3,3-5"
     assert "'0-3,3-5'" in str(exc)
+
+
+@pytest.mark.parametrize("resources", range(1, 13))
+@pytest.mark.parametrize("processes", range(1, 13))
+def test_resource_ids_are_the_resource_lists_as_tuples(resources: int, processes: int) -> None:
+    if resources % processes and processes % resources:
+        return
+    for first in (0, 5):
+        entry = ResolvedEntry(Entry(None, None, (0, 0)), first, first + resources - 1, 0, processes - 1)
+        assert entry.resource_ids() == [tuple(ids) for ids in entry.resource_lists()]

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import hwplace
 from hwplace.foundation.frozen import FrozenDict
+from hwplace.planning.placements import _new_placement
 from hwplace.planning.resources import resource_space
 from hwplace.plugin.manager import PluginManager
 from hwplace.testing import backend_plugin, fake_cluster, registered_plugin
@@ -859,3 +860,21 @@ def test_placement_fields_of_a_robot_process_on_a_node_without_accelerators() ->
         0, "fake-node-1", 1, -1, 0, 1)
     assert (p.visible_accelerators, p.isolate_accelerator, p.local_hardware_ranks) == ((), True, (0, 1))
     assert (p.hardware_type, p.node_group, p.env) == ("fake-robot", "arm", {"FAKE_ROBOTS": "x,y"})
+
+
+def test_planning_makes_placements_equal_to_the_records_constructor() -> None:
+    fields = (3, "node-a", 1, 2, 0, 4, (2,), True, (2,), "fake", "cluster", FrozenDict({"X": "2"}))
+    made, built = _new_placement(*fields), hwplace.Placement(*fields)
+    assert (made, hash(made), repr(made), type(made)) == (built, hash(built), repr(built), hwplace.Placement)
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'rank'"):
+        made.rank = 4
+
+
+def test_checked_strategies_equal_the_checking_constructors() -> None:
+    lists = ((0, 1), (2,), (3,))
+    flexible = hwplace.FlexiblePlacementStrategy.of_checked(lists, node_group="cluster")
+    assert vars(flexible) == vars(hwplace.FlexiblePlacementStrategy(lists, node_group="cluster"))
+    node = hwplace.NodePlacementStrategy.of_checked((0, 0, 1), node_group=None)
+    assert vars(node) == vars(hwplace.NodePlacementStrategy([0, 0, 1]))
+    with pytest.raises(hwplace.PlacementError, match="accelerator_id_lists is empty"):
+        hwplace.FlexiblePlacementStrategy.of_checked((), node_group=None)
