@@ -22,10 +22,13 @@ PLACEMENTS = tuple(hwplace.PackedPlacementStrategy(0, 1).get_placement(fake_clus
 class Done(Handle):
     """A restart's constructors: finished, or failed with ``error``."""
 
-    def __init__(self, error: BaseException | None = None) -> None:
+    def __init__(self, error: BaseException | None = None, gate: threading.Event | None = None) -> None:
         self.error = error
+        self.gate = gate
 
     def wait(self, timeout: float | None = None) -> list[Any]:
+        if self.gate is not None:
+            self.gate.wait()  # the constructors finish once the test opens the gate
         if self.error is not None:
             raise self.error
         return [None]
@@ -34,8 +37,9 @@ class Done(Handle):
 class Executor(Restarts):
     """Restarts that answer as ``outcomes`` says, one per restart (then success); records what it was asked."""
 
-    def __init__(self, *outcomes: BaseException | str | None) -> None:
+    def __init__(self, *outcomes: BaseException | str | None, gate: threading.Event | None = None) -> None:
         self.outcomes = list(outcomes)
+        self.gate = gate
         self.asked: list[tuple[list[int], int, str]] = []
         self.restarted = threading.Event()
         self.on_death: Callable[[int, str], bool] | None = None
@@ -49,7 +53,7 @@ class Executor(Restarts):
         if outcome == "cannot start":
             raise RuntimeError("the session ended")
         self.restarted.set()
-        return Done(outcome if isinstance(outcome, BaseException) else None)
+        return Done(outcome if isinstance(outcome, BaseException) else None, self.gate)
 
 
 def supervised(policy: hwplace.Restart | None, executor: Executor) -> Supervisor:
@@ -86,10 +90,12 @@ def test_a_rank_is_restarted_alone_until_its_restarts_are_used_up() -> None:
 
 @pytest.mark.time_limit(30)
 def test_scope_group_restarts_every_rank_and_counts_once_for_the_group() -> None:
-    executor = Executor()
+    gate = threading.Event()
+    executor = Executor(gate=gate)
     supervisor = supervised(hwplace.Restart(1, "group"), executor)
     assert supervisor.died(0, "killed") is True
     assert supervisor.died(1, "stopped for the restart") is True  # a rank being restarted: no second count
+    gate.set()
     assert settled(supervisor) == [("serving", 1), ("serving", 1)]
     assert executor.asked == [([0, 1], 1, "killed")]
     assert supervisor.died(1, "again") is False
@@ -132,16 +138,18 @@ def test_deaths_after_close_are_the_group_s_end_and_listeners_hear_of_a_failure_
     remove = on_group_failure(lambda error: heard.append(str(error.rank)))
     try:
         changes: list[list[str]] = []
-        supervisor = Supervisor("g", PLACEMENTS, hwplace.Restart(1), Executor(), GroupRuntime(),
+        gate = threading.Event()
+        supervisor = Supervisor("g", PLACEMENTS, hwplace.Restart(1), Executor(gate=gate), GroupRuntime(),
                                 lambda ranks: changes.append([s.state for s in ranks]))
         supervisor.start()
         assert supervisor.died(0, "killed") is True
+        assert changes == [["restarting", "serving"]]  # told before the restart finished
+        gate.set()
         settled(supervisor)
         assert supervisor.died(0, "again") is False
         assert supervisor.died(1, "and rank 1") is True
         settled(supervisor)
         assert heard == ["0"]  # told once, of the death that used up the restarts
-        assert changes[0] == ["restarting", "serving"]
         assert ["dead", "serving"] in changes
         supervisor.close()
         assert supervisor.died(1, "shut down") is False
