@@ -17,6 +17,7 @@ from hwplace.channels.channel import Channel
 from hwplace.channels.handle import ChannelHandle
 from hwplace.channels.holds import Taken
 from hwplace.channels.queues import QueueStats
+from hwplace.channels.snapshot import ChannelContents, export_channel
 from hwplace.config.job_config import JobConfig, parse_job_config
 from hwplace.config.loading import load_config
 from hwplace.config.records import ClusterConfig, NodeGroup
@@ -24,7 +25,7 @@ from hwplace.config.restart import Restart
 from hwplace.config.section import parse_cluster_config
 from hwplace.contracts.executor import Executor, Handle, Pending
 from hwplace.contracts.hardware import Device, HardwareBackend, NoDevices
-from hwplace.contracts.records import Node, Placement
+from hwplace.contracts.records import Node, Placement, RestartInfo
 from hwplace.foundation.errors import (
     CallCancelled,
     ChannelClosed,
@@ -69,6 +70,7 @@ hookimpl = pluggy.HookimplMarker("hwplace")
 __all__ = [
     "CallCancelled",
     "Channel",
+    "ChannelContents",
     "ChannelClosed",
     "ChannelEmpty",
     "ChannelFull",
@@ -106,6 +108,7 @@ __all__ = [
     "QueueStats",
     "RankStatus",
     "Restart",
+    "RestartInfo",
     "SearchResult",
     "Taken",
     "WeightSync",
@@ -116,6 +119,7 @@ __all__ = [
     "WorkerGroup",
     "__version__",
     "balanced_split",
+    "export_channel",
     "get_plugin_manager",
     "hookimpl",
     "imbalance",

@@ -40,7 +40,9 @@ def overlaps(first: list[tuple[float, float]], second: list[tuple[float, float]]
 def summarize(settings: dict[str, Any], steps: list[list[dict[str, Any]]], curve: list[tuple[int, float]],
               produced: dict[str, list[dict[str, Any]]], trainers: list[dict[str, Any]], sync: hwplace.WeightSync,
               stale: int, *, launch: float, training: float) -> dict[str, Any]:
-    """What the run did, from every trainer rank's step results and every producer's final report."""
+    """What the run did, from every trainer rank's step results and every producer's final report (a rank that was
+    restarting when the channel closed has none: it counts as zero)."""
+    produced = {name: [{**PRODUCED, **report} for report in reports] for name, reports in produced.items()}
     world = len(steps[0])
     rank_tokens = [sum(step[r]["tokens"] for step in steps) for r in range(world)]
     staleness = [s for step in steps for rank in step for s in rank["staleness"]]
@@ -80,6 +82,10 @@ def summarize(settings: dict[str, Any], steps: list[list[dict[str, Any]]], curve
     }
 
 
+PRODUCED: dict[str, Any] = {"busy": 0.0, "sync_seconds": 0.0, "applied": [], "turns": [], "swaps": 0,
+                            "accelerators": None, "robot": "?", "demos": 0, "groups": 0}
+
+
 def _mean(values: Any) -> float:
     values = list(values)
     return sum(values) / len(values) if values else 0.0
@@ -109,6 +115,11 @@ def print_summary(s: dict[str, Any], file: TextIO) -> None:
         f"; imbalance {s['imbalance']:.3f} (worst step {s['worst_step_imbalance']:.3f})")
     say(f"  data: {s['groups']} answer groups from rollouts, {s['demos']} demonstrations from robots "
         f"{', '.join(s['robots'])}")
+    if "resilience" in s:
+        r = s["resilience"]
+        say(f"  resilience: {len(r['restarts'])} restarts, {r['resumes']} resumes; prompts {r['trained']} trained "
+            f"({r['trained_twice']} twice), {r['discarded']} discarded as stale, {r['left']} left in the pipeline, "
+            f"{r['lost']} lost; {r['redelivered']} redelivered after training, not trained again")
     say("  time per stage, seconds per process:")
     width = max(map(len, s["stages"]))
     for stage, seconds in s["stages"].items():
