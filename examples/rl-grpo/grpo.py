@@ -384,11 +384,13 @@ class Trainer(hwplace.Worker):
 
             start = time.perf_counter()
             self._publish()
+            published_at = time.monotonic()
             times["publish weights"] = time.perf_counter() - start
             self._acknowledge()
             step = len(self.history)
             result: dict[str, Any] = {"step": step, "tokens": sum(g["tokens"] for g in batch), "groups": len(batch),
                                       "losses": losses, "times": times, "version": self.version,
+                                      "published_at": published_at,
                                       "staleness": [self.version - 1 - g["version"] for g in batch],
                                       "reward": [sum(g["rewards"]) / len(g["rewards"]) for g in batch],
                                       "demo_tokens": demo_tokens}
@@ -487,7 +489,8 @@ def main(job: hwplace.Job) -> dict[str, Any]:
     summary = summarize(settings, steps, curve, produced, reports, sync, len(reports[0]["discarded"]),
                         launch=launched - started, training=trained - launched)
     summary["resilience"] = {"restarts": before["restarts"] + producers.restarts + trainers.restarts,
-                             "resumes": epoch, **ledger(reports[0], left)}
+                             "resumes": epoch, **ledger(reports[0], left),
+                             "published": [[ranks[0]["published_at"], ranks[0]["version"]] for ranks in steps]}
     print_summary(summary, file=sys.stdout)
     return summary
 
