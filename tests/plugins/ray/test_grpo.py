@@ -42,6 +42,9 @@ def check_summary(summary: dict[str, Any], steps: int) -> None:
     assert summary["robots"] == ["arm-left", "arm-right"]
     assert summary["demos"] > 0
     assert summary["groups"] > 0
+    ledger = summary["resilience"]
+    assert (ledger["lost"], ledger["trained_twice"]) == (0, 0), ledger
+    assert ledger["trained"] > 0
     assert {"trainer: wait for batch", "trainer: forward and backward", "trainer: all_reduce",
             "trainer: publish weights", "rollout: generate", "rollout: apply weights", "env: score answers",
             "robot: record demos"} <= set(summary["stages"])
@@ -91,7 +94,9 @@ def test_the_multinode_variant_syncs_across_nodes(hwplace_local_ray: LocalRay) -
 
 
 def test_a_worker_killed_mid_run_is_a_worker_error_not_a_hang(hwplace_local_ray: LocalRay, tmp_path: Path) -> None:
+    """Without the config's restart: section, a dead process ends the job."""
     config = hwplace.load_config(GRPO / "grpo.yaml")
+    del config["restart"]
     config["job"].update(steps=10_000, eval_every=10_000)
     entry = load_entrypoint(config, GRPO)
     pids = tmp_path / "pids"
@@ -134,3 +139,67 @@ def test_a_worker_killed_mid_run_is_a_worker_error_not_a_hang(hwplace_local_ray:
     assert (error.group, error.rank, error.node_rank) == ("rollout", 1, 0)
     assert "the worker process has died" in str(error)
     assert job.groups == {}
+
+
+KILLS = [("trainer", 1), ("rollout", 1), ("trainer", 0), ("env", 0), ("robot", 1)]
+
+
+def test_the_job_survives_a_kill_of_every_component(hwplace_local_ray: LocalRay, tmp_path: Path) -> None:
+    """With the config's restart: section: a trainer rank (each of the two, one of them the weight sync's
+    source), a rollout, an env and a robot process SIGKILLed while the job trains, one every 8 steps. The job
+    finishes every step; no prompt is lost or trained on twice; the weights' versions go on."""
+    config = hwplace.load_config(GRPO / "grpo.yaml")
+    steps = 8 * len(KILLS) + 8
+    config["job"].update(steps=steps, eval_every=steps, eval_prompts=20)
+    entry = load_entrypoint(config, GRPO)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    progress = tmp_path / "step"
+    classes = {"trainer": "Trainer", "rollout": "Rollout", "env": "Env", "robot": "Robot"}
+
+    def recording(cls: type) -> type:
+        def init(worker: Any, settings: dict[str, Any]) -> None:
+            cls.__init__(worker, settings)
+            (pids / f"{worker.group_name}-{worker.rank}").write_text(str(os.getpid()))
+
+        def step(worker: Any, *args: Any) -> Any:
+            result = cls.step(worker, *args)
+            progress.write_text(str(result["step"]))
+            return result
+
+        return type(cls.__name__, (cls,), {"__init__": init, **({"step": step} if hasattr(cls, "step") else {})})
+
+    for name in classes.values():
+        entry.__globals__[name] = recording(entry.__globals__[name])
+    cluster = hwplace.Cluster(config["cluster"])
+    job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster))
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(entry(job))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        for index, (group, rank) in enumerate(KILLS):
+            while not progress.exists() or int(progress.read_text() or 0) < 8 * index + 4:
+                assert thread.is_alive(), outcome
+                time.sleep(0.1)
+            os.kill(int((pids / f"{group}-{rank}").read_text()), signal.SIGKILL)
+        thread.join()  # the module's time limit reaches a hang
+    finally:
+        job.shutdown()
+    [summary] = outcome
+    assert isinstance(summary, dict), repr(summary)
+    assert summary["steps"] >= steps - len(KILLS)  # a step that a death cut short is done again, not recorded
+    assert summary["eval"][-1][0] == steps
+    ledger = summary["resilience"]
+    assert (ledger["lost"], ledger["trained_twice"]) == (0, 0), ledger
+    restarted = sorted((component, rank) for component, rank, _ in ledger["restarts"])
+    assert restarted == sorted(KILLS), restarted
+    versions = [version for _, version in ledger["published"]]
+    assert versions == sorted(versions), versions
+    assert len(set(versions)) == len(versions), versions  # never reused
