@@ -37,6 +37,11 @@ class Task:
         return 2 * self.max_digits + 3
 
 
+def task_of(settings: dict[str, Any]) -> Task:
+    """The task a job's settings ask for."""
+    return Task(tuple(settings["tasks"]), settings["min_digits"], settings["max_digits"])
+
+
 def make_prompt(rng: random.Random, task: Task) -> list[int]:
     kind = rng.choice(task.kinds)
     digits = [rng.randrange(DIGITS) for _ in range(rng.randint(task.min_digits, task.max_digits))]

@@ -82,6 +82,26 @@ def summarize(settings: dict[str, Any], steps: list[list[dict[str, Any]]], curve
     }
 
 
+def ledger(trainer: dict[str, Any], left: hwplace.ChannelContents) -> dict[str, Any]:
+    """Where every prompt went: trained on (the final model's history), discarded as stale, or still in the
+    pipeline at the end. Each env process numbers its prompts from 0, so a number below the highest one seen
+    that is nowhere is a prompt lost; one in the history twice was trained on twice."""
+    seen: dict[str, int] = {}
+    for ids in trainer["history"]:
+        for i in ids:
+            seen[i] = seen.get(i, 0) + 1
+    waiting = {item["id"] for queue in ("prompts", "answers", "experience") for item in left.items(queue)}
+    accounted = set(seen) | set(trainer["discarded"]) | waiting
+    highest: dict[str, int] = {}
+    for i in accounted:
+        source, number = i.rsplit(".", 1)
+        highest[source] = max(highest.get(source, -1), int(number))
+    lost = sum(1 for source, top in highest.items() for n in range(top + 1) if f"{source}.{n}" not in accounted)
+    return {"trained": len(seen), "trained_twice": sum(1 for n in seen.values() if n > 1), "lost": lost,
+            "discarded": len(trainer["discarded"]), "left": len(waiting), "redelivered": trainer["redelivered"],
+            "firsts": [[*key, *value] for key, value in trainer["firsts"].items()]}
+
+
 PRODUCED: dict[str, Any] = {"busy": 0.0, "sync_seconds": 0.0, "applied": [], "turns": [], "swaps": 0,
                             "accelerators": None, "robot": "?", "demos": 0, "groups": 0}
 
