@@ -37,32 +37,26 @@ import hwplace
 
 
 class Env(hwplace.Worker):
-    """Poses prompts, and scores the rollouts' answers with the rule into group-relative advantages."""
+    """Poses prompts (prompt ``n`` of the job's data cursor is always the same one), and scores the rollouts'
+    answers with the rule into group-relative advantages."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.task = rl.task_of(settings)
         self.group = settings["group_size"]
-        self.attempt = 0
 
-    def on_restart(self, info: hwplace.RestartInfo) -> None:
-        self.attempt = info.attempt
-
-    def serve(self, channel: hwplace.Channel, seed: int, epoch: int) -> dict[str, Any]:
-        # Every prompt has an id of its own: this run's epoch (one per resume), rank, process and count.
-        source = f"{epoch}.{self.rank}.{self.attempt}"
-        rng = random.Random(f"env-{seed}-{source}")
+    def serve(self, channel: hwplace.Channel, seed: int) -> dict[str, Any]:
         made = scored = 0
         busy = 0.0
         try:
             while True:
-                try:  # keep the rollouts fed...
+                # pose what the driver's cursor handed out: each prompt acknowledges its number, in one step
+                with contextlib.suppress(hwplace.ChannelEmpty):
                     while True:
-                        channel.put_nowait({"id": f"{source}.{made}", "prompt": rl.make_prompt(rng, self.task)},
-                                           queue_name="prompts")
+                        number = channel.get_nowait("cursor", ack=False)
+                        prompt = rl.make_prompt(random.Random(f"prompt-{seed}-{number['n']}"), self.task)
+                        channel.put({"id": number["n"], "prompt": prompt}, queue_name="prompts", ack=number)
                         made += 1
-                except hwplace.ChannelFull:
-                    pass
-                try:  # ...and score what comes back: held until the scored group is in (put with ack=)
+                try:  # score what comes back: held until the scored group is in (put with ack=)
                     item = channel.get("answers", timeout=0.05, ack=False)
                 except hwplace.ChannelTimeout:
                     continue
@@ -167,7 +161,7 @@ class Robot(hwplace.Worker):
     def on_restart(self, info: hwplace.RestartInfo) -> None:
         self.attempt = info.attempt
 
-    def record(self, channel: hwplace.Channel, seed: int, epoch: int) -> dict[str, Any]:
+    def record(self, demos: hwplace.Channel, seed: int, epoch: int) -> dict[str, Any]:
         robot = os.environ["FAKE_ROBOTS"]  # this process's robot, and no other
         rng = random.Random(f"robot-{seed}-{robot}-{epoch}-{self.attempt}")
         made = 0
@@ -179,8 +173,7 @@ class Robot(hwplace.Worker):
                 answer = rl.solve(prompt)
                 time.sleep(0.002 * len(answer))  # a robot moves in real time
                 busy += time.perf_counter() - start
-                channel.put({"prompt": prompt, "answer": answer}, weight=len(prompt) + len(answer),
-                            queue_name="demos")
+                demos.put({"prompt": prompt, "answer": answer}, weight=len(prompt) + len(answer))
                 made += 1
         except hwplace.ChannelClosed:
             return {"demos": made, "busy": busy, "robot": robot}
@@ -200,8 +193,23 @@ DEFAULTS: dict[str, Any] = {
     "steps": 300, "tasks": ["sort", "reverse"], "min_digits": 3, "max_digits": 5, "group_size": 8,
     "prompts_per_batch": 4, "tokens_per_rank": 700, "demo_tokens_per_rank": 20, "micro_batches": 2,
     "learning_rate": 3e-3, "rl_weight": 1.0, "demo_weight": 0.5, "max_staleness": 0, "eval_every": 25,
-    "eval_prompts": 200, "seed": 0, "snapshot_every": 10,
+    "eval_prompts": 200, "seed": 0, "snapshot_every": 10, "prompts_in_flight": 64,
 }
+
+
+class Cursor:
+    """The job's data cursor, on the driver: hands out prompt numbers in order (the ``cursor`` queue, which the
+    environments turn into prompts), keeping at most ``window`` of them in the pipeline and not yet trained on.
+    Snapshotted with the driver's state, so a resumed run hands out what its killed one had not."""
+
+    def __init__(self, channel: hwplace.Channel, window: int, handed: int = 0) -> None:
+        self.channel, self.window, self.handed, self.trained = channel, window, handed, 0
+
+    def feed(self) -> None:
+        with contextlib.suppress(hwplace.ChannelFull):
+            while self.handed - self.trained < self.window:
+                self.channel.put_nowait({"n": self.handed}, queue_name="cursor")
+                self.handed += 1
 
 
 def main(job: hwplace.Job) -> dict[str, Any]:
@@ -209,11 +217,13 @@ def main(job: hwplace.Job) -> dict[str, Any]:
     settings["trainer_ranks"] = job.placement.get_world_size("trainer")
     started = time.perf_counter()
     before: dict[str, Any] = job.resumed.state if job.resumed else {
-        "run": uuid.uuid4().hex[:8], "epoch": -1, "steps": [], "curve": [], "restarts": []}
-    epoch = before["epoch"] + 1  # one per resume: the ids of new prompts say which
-    # one channel for the pipeline's queues (a snapshot is one consistent cut per channel); its name is the
-    # run's, so that a resumed run gets its items back, and one process can run the job twice
-    channel = job.channel(f"grpo-{before['run']}", maxsize=16)
+        "run": uuid.uuid4().hex[:8], "epoch": -1, "handed": 0, "steps": [], "curve": [], "restarts": []}
+    epoch = before["epoch"] + 1  # one per resume
+    # The pipeline's queues are one channel (a snapshot is one consistent cut per channel), without a bound: the
+    # cursor's window bounds what is in it. Its name is the run's, so that a resumed run gets its items back,
+    # and one process can run the job twice. The robots' demonstrations are a channel of their own.
+    channel = job.channel(f"grpo-{before['run']}")
+    demos = job.channel(f"demos-{before['run']}", maxsize=32)
     env = job.launch(Env, "env", settings)
     robot = job.launch(Robot, "robot", settings)
     trainer = job.launch(Trainer, "trainer", settings)
@@ -222,38 +232,42 @@ def main(job: hwplace.Job) -> dict[str, Any]:
     [(_, offset), *_] = trainer.attach(sync).wait(timeout=120)
     launched = time.perf_counter()
 
-    producers = Producers()
-    producers.start("env", env, "serve", channel, settings["seed"], epoch)
-    producers.start("rollout", rollout, "generate", sync, channel, settings["seed"], offset)
-    producers.start("robot", robot, "record", channel, settings["seed"], epoch)
-    trainers = Trainers(trainer)
-    progress = Progress(settings["steps"], "training")
     steps: list[list[dict[str, Any]]] = before["steps"]
     curve: list[tuple[int, float]] = before["curve"]
+    cursor = Cursor(channel, settings["prompts_in_flight"], before["handed"])
+    cursor.trained = steps[-1][0]["trained"] if steps else 0
+    producers = Producers(feed=cursor.feed)
+    producers.start("env", env, "serve", channel, settings["seed"])
+    producers.start("rollout", rollout, "generate", sync, channel, settings["seed"], offset)
+    producers.start("robot", robot, "record", demos, settings["seed"], epoch)
+    trainers = Trainers(trainer)
+    progress = Progress(settings["steps"], "training")
     done = steps[-1][0]["step"] if steps else 0
     snapshotted = done
     while done < settings["steps"]:
-        ranks = trainers.step(producers, lambda rank: rank.step(channel),
+        ranks = trainers.step(producers, lambda rank: rank.step(channel, demos),
                               lambda rank, generation: rank.reform(sync, generation))
         steps.append(ranks)
-        done = ranks[0]["step"]
+        done, cursor.trained = ranks[0]["step"], ranks[0]["trained"]
         if "exact_match" in ranks[0]:
             curve.append((done, ranks[0]["exact_match"]))
         reward = sum(r for rank in ranks for r in rank["reward"]) / max(1, sum(len(rank["reward"]) for rank in ranks))
         progress.update(done, f"reward {reward:.2f}" + (f"  exact match {curve[-1][1]:.2f}" if curve else ""))
         if done - snapshotted >= settings["snapshot_every"] or done >= settings["steps"]:
             restarts = before["restarts"] + producers.restarts + trainers.restarts
-            job.snapshot(done, {**before, "epoch": epoch, "steps": steps, "curve": curve, "restarts": restarts})
+            job.snapshot(done, {**before, "epoch": epoch, "handed": cursor.handed, "steps": steps, "curve": curve,
+                                "restarts": restarts})
             snapshotted = done
     trained = time.perf_counter()
     reports = trainer.report().wait(timeout=60)
     left = hwplace.export_channel(channel)  # what is still in the pipeline, in one consistent cut
-    channel.close()
+    for made in (channel, demos):
+        made.close()
     produced = producers.finish(timeout=60)
-    summary = summarize(settings, steps, curve, produced, reports, sync, len(reports[0]["discarded"]),
+    summary = summarize(settings, steps, curve, produced, reports, sync, reports[0]["reposed"],
                         launch=launched - started, training=trained - launched)
     summary["resilience"] = {"restarts": before["restarts"] + producers.restarts + trainers.restarts,
-                             "resumes": epoch, **ledger(reports[0], left),
+                             "resumes": epoch, **ledger(reports[0], left, cursor.handed),
                              "published": [[ranks[0]["published_at"], ranks[0]["version"]] for ranks in steps]}
     print_summary(summary, file=sys.stdout)
     return summary

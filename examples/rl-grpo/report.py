@@ -69,7 +69,7 @@ def summarize(settings: dict[str, Any], steps: list[list[dict[str, Any]]], curve
                             else 0} for r, report in enumerate(rollouts)},
         },
         "staleness": {"mean": _mean(staleness), "max": max(staleness, default=0), "max_allowed":
-                      settings["max_staleness"], "stale_discarded": stale},
+                      settings["max_staleness"], "stale_reposed": stale},
         "turns": {"shared": [list(pair) for pair in shared],
                   "handovers": sum(trainers[t]["swaps"] + rollouts[r]["swaps"] for t, r in shared),
                   "overlaps": sum(overlaps(trainers[t]["turns"], rollouts[r]["turns"]) for t, r in shared)},
@@ -82,23 +82,20 @@ def summarize(settings: dict[str, Any], steps: list[list[dict[str, Any]]], curve
     }
 
 
-def ledger(trainer: dict[str, Any], left: hwplace.ChannelContents) -> dict[str, Any]:
-    """Where every prompt went: trained on (the final model's history), discarded as stale, or still in the
-    pipeline at the end. Each env process numbers its prompts from 0, so a number below the highest one seen
-    that is nowhere is a prompt lost; one in the history twice was trained on twice."""
-    seen: dict[str, int] = {}
+def ledger(trainer: dict[str, Any], left: hwplace.ChannelContents, handed: int) -> dict[str, Any]:
+    """Where each prompt the cursor handed out (numbers 0 to ``handed`` - 1) went: trained on (the final model's
+    history) or still in the pipeline at the end (``left``, a consistent copy of its channel). One that is in
+    neither is lost; one in the history twice was trained on twice. The goal: neither."""
+    seen: dict[int, int] = {}
     for ids in trainer["history"]:
         for i in ids:
             seen[i] = seen.get(i, 0) + 1
-    waiting = {item["id"] for queue in ("prompts", "answers", "experience") for item in left.items(queue)}
-    accounted = set(seen) | set(trainer["discarded"]) | waiting
-    highest: dict[str, int] = {}
-    for i in accounted:
-        source, number = i.rsplit(".", 1)
-        highest[source] = max(highest.get(source, -1), int(number))
-    lost = sum(1 for source, top in highest.items() for n in range(top + 1) if f"{source}.{n}" not in accounted)
-    return {"trained": len(seen), "trained_twice": sum(1 for n in seen.values() if n > 1), "lost": lost,
-            "discarded": len(trainer["discarded"]), "left": len(waiting), "redelivered": trainer["redelivered"],
+    waiting = {item["n"] for item in left.items("cursor")}
+    waiting |= {item["id"] for queue in ("prompts", "answers", "experience") for item in left.items(queue)}
+    return {"handed_out": handed, "trained": len(seen), "trained_twice": sum(1 for n in seen.values() if n > 1),
+            "left": len(waiting - set(seen)),
+            "lost": sum(1 for n in range(handed) if n not in seen and n not in waiting),
+            "reposed": trainer["reposed"], "redelivered": trainer["redelivered"],
             "firsts": [[*key, *value] for key, value in trainer["firsts"].items()]}
 
 
@@ -126,7 +123,7 @@ def print_summary(s: dict[str, Any], file: TextIO) -> None:
     say("  weights: identical on every trainer rank after each step (checked with all_reduce MIN and MAX)")
     stale = s["staleness"]
     say(f"  staleness: mean {stale['mean']:.2f}, max {stale['max']} (allowed {stale['max_allowed']}); "
-        f"{stale['stale_discarded']} stale groups discarded")
+        f"{stale['stale_reposed']} stale groups discarded, their prompts sampled again")
     turns = s["turns"]
     if turns["shared"]:
         say(f"  turns: {len(turns['shared'])} accelerators shared by trainer and rollout, {turns['handovers']} "
@@ -137,9 +134,9 @@ def print_summary(s: dict[str, Any], file: TextIO) -> None:
         f"{', '.join(s['robots'])}")
     if "resilience" in s:
         r = s["resilience"]
-        say(f"  resilience: {len(r['restarts'])} restarts, {r['resumes']} resumes; prompts {r['trained']} trained "
-            f"({r['trained_twice']} twice), {r['discarded']} discarded as stale, {r['left']} left in the pipeline, "
-            f"{r['lost']} lost; {r['redelivered']} redelivered after training, not trained again")
+        say(f"  resilience: {len(r['restarts'])} restarts, {r['resumes']} resumes; of {r['handed_out']} prompts handed "
+            f"out, {r['trained']} trained ({r['trained_twice']} twice), {r['left']} left in the pipeline, {r['lost']} "
+            f"lost; {r['redelivered']} redelivered after training, not trained again")
     say("  time per stage, seconds per process:")
     width = max(map(len, s["stages"]))
     for stage, seconds in s["stages"].items():

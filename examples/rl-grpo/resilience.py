@@ -66,14 +66,15 @@ class _Call:
 class Producers:
     """Calls that run until the channels close, one per rank: a rank restarted in place gets its call again.
 
-    ``check()`` raises the ``WorkerError`` of a rank that died for good (no restarts left) and says which rank
-    stopped producing otherwise; ``restarts`` lists, per restart, the component, rank and seconds from the death's
-    report to the call running again.
+    ``check()`` calls ``feed`` (if given), then raises the ``WorkerError`` of a rank that died for good (no
+    restarts left) and says which rank stopped producing otherwise; ``restarts`` lists, per restart, the
+    component, rank and seconds from the death's report to the call running again.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, feed: Callable[[], None] | None = None) -> None:
         self.calls: dict[str, list[_Call]] = {}
         self.restarts: list[tuple[str, int, float]] = []
+        self.feed = feed  # called at every check: what keeps the producers fed
 
     def start(self, name: str, group: hwplace.WorkerGroup, method: str, *args: Any) -> None:
         self.calls[name] = [_Call(group, rank, method, args) for rank in range(group.world_size)]
@@ -84,6 +85,8 @@ class Producers:
         call.handle = getattr(call.group.execute_on(call.rank), call.method)(*call.args)
 
     def check(self) -> None:
+        if self.feed is not None:
+            self.feed()
         for name, calls in self.calls.items():
             for call in calls:
                 if call.handle is None:  # restarting: call it again once the new process serves

@@ -41,13 +41,15 @@ class Trainer(hwplace.Worker):
         self.published = -1  # len(history) when rank 0 last published
         self.history: list[list[str]] = []  # per optimizer step, the ids of the prompts every rank trained on
         self.trained: set[str] = set()
-        self.pending: list[hwplace.Taken] = []  # taken and not acknowledged yet: a failed step's batch
+        # taken and not acknowledged yet (kept across a failed step), with the channel each came from
+        self.pending: list[tuple[hwplace.Channel, list[Any]]] = []
         self.pending_at = 0  # len(history) when the pending batch was taken
         self.redelivered = 0  # items taken again after a step trained on them: acknowledged, not trained again
-        self.discarded: list[str] = []  # ids of the stale experience discarded
+        self.reposed = 0  # stale experience whose prompt went back to be sampled again
+        self.reposing = 0  # of those, the ones since the last step (told to the other ranks with the step)
+        self.seen: list[tuple[int, int, float, int]] = []  # the same for each experience item: who made it, when
         self.firsts: dict[tuple[int, int], tuple[float, int]] = {}  # per rollout process: first item's time, version
         self.fresh = False  # a restarted process, until reform() re-seeds it
-        self.channel: hwplace.Channel | None = None  # the one step() takes from
 
     def on_restart(self, info: hwplace.RestartInfo) -> None:
         self.fresh = True
@@ -99,36 +101,36 @@ class Trainer(hwplace.Worker):
         self.published = len(self.history)
 
     def _acknowledge(self) -> None:
-        assert self.channel is not None
-        for taken in self.pending:
-            self.channel.ack(taken)
+        for channel, taken in self.pending:
+            channel.ack(taken)
         self.pending = []
 
-    def _take(self) -> list[dict[str, Any]]:
+    def _take(self, channel: hwplace.Channel, demos: hwplace.Channel) -> list[dict[str, Any]]:
         """This step's items, held (``ack=False``) until the step is done and kept across a failed step: enough
         experience that is fresh (not older than ``max_staleness`` versions) and new to the history (an item a
-        step trained on comes back when its taker died after the step), then the demonstrations."""
+        step trained on comes back when its taker died after the step), then the demonstrations. The prompt of
+        stale experience goes back to the prompts, to be sampled again with the newest weights: never lost."""
         s = self.settings
-        assert self.channel is not None
         if not self.pending:
             self.pending_at = len(self.history)
+            oldest = max(1, self.version - s["max_staleness"])
             weight = 0
             while weight < s["tokens_per_rank"]:
-                taken = self.channel.get_batch(s["tokens_per_rank"] - weight, "experience", timeout=120, ack=False)
-                self.pending.append(taken)
-                weight += sum(g["tokens"] for g in self._sorted(taken)[0])
+                taken = channel.get_batch(s["tokens_per_rank"] - weight, "experience", timeout=120, ack=False)
+                kept = []
+                for group in taken:
+                    self.seen.append((group["rollout"], group["attempt"], group["made"], group["version"]))
+                    if group["version"] < oldest and group["id"] not in self.trained:  # put back, acknowledged
+                        channel.put({"id": group["id"], "prompt": group["prompt"]}, queue_name="prompts",
+                                    ack=[group])
+                        self.reposing += 1
+                        continue
+                    kept.append(group)
+                    weight += group["tokens"] if group["id"] not in self.trained else 0
+                self.pending.append((channel, kept))
             if s["demo_tokens_per_rank"]:
-                self.pending.append(self.channel.get_batch(s["demo_tokens_per_rank"], "demos", timeout=120,
-                                                           ack=False))
-        return [item for taken in self.pending for item in taken]
-
-    def _sorted(self, items: list[dict[str, Any]]) -> tuple[list[Any], list[Any], list[Any]]:
-        """Experience to train on, stale experience to discard, and experience the history has trained on."""
-        oldest = max(1, self.version - self.settings["max_staleness"])
-        groups = [g for g in items if "id" in g]
-        again = [g for g in groups if g["id"] in self.trained]
-        fresh = [g for g in groups if g["id"] not in self.trained and g["version"] >= oldest]
-        return fresh, [g for g in groups if g["id"] not in self.trained and g["version"] < oldest], again
+                self.pending.append((demos, demos.get_batch(s["demo_tokens_per_rank"], timeout=120, ack=False)))
+        return [item for _, taken in self.pending for item in taken]
 
     def offload(self) -> None:  # a rollout waits for this accelerator: move the weights to the stash
         self.stash = {"policy": {k: v.clone() for k, v in self.policy.state_dict().items()}}
@@ -142,22 +144,20 @@ class Trainer(hwplace.Worker):
             param.data = value
         self.stash = None
 
-    def step(self, channel: hwplace.Channel) -> dict[str, Any]:
+    def step(self, channel: hwplace.Channel, demos: hwplace.Channel) -> dict[str, Any]:
         s = self.settings
-        self.channel = channel
         times: dict[str, float] = {}
         start = time.perf_counter()
-        taken = self._take()
-        batch, stale, again = self._sorted(taken)
+        taken = self._take(channel, demos)
+        batch = [item for item in taken if "id" in item and item["id"] not in self.trained]
+        again = [item for item in taken if "id" in item and item["id"] in self.trained]
         shown = [item for item in taken if "id" not in item]
         times["wait for batch"] = time.perf_counter() - start
 
         with self.turn():  # colocated with a rollout rank: hwplace calls offload/onload around turns
             entered = time.monotonic()
             everyone: list[Any] = [None] * self.world_size  # every rank records the whole step:
-            dist.all_gather_object(everyone, ([g["id"] for g in batch], [g["id"] for g in stale], len(again),
-                                              [(g["rollout"], g["attempt"], g["made"], g["version"])
-                                               for g in batch + stale + again]))
+            dist.all_gather_object(everyone, ([g["id"] for g in batch], self.reposing, len(again), self.seen))
             self.optimizer.zero_grad()
             answer_tokens = sum(len(a) for g in batch for a in g["answers"])
             demo_tokens = sum(len(d["answer"]) for d in shown)
@@ -192,7 +192,8 @@ class Trainer(hwplace.Worker):
             ids = sorted(i for rank in everyone for i in rank[0])
             self.history.append(ids)
             self.trained.update(ids)
-            self.discarded += sorted(i for rank in everyone for i in rank[1])
+            self.reposed += sum(rank[1] for rank in everyone)
+            self.reposing, self.seen = 0, []
             self.redelivered += sum(rank[2] for rank in everyone)
             for process, attempt, made, version in (row for rank in everyone for row in rank[3]):
                 if made < self.firsts.get((process, attempt), (made + 1, 0))[0]:
@@ -212,7 +213,8 @@ class Trainer(hwplace.Worker):
             times["publish weights"] = time.perf_counter() - start
             self._acknowledge()
             step = len(self.history)
-            result: dict[str, Any] = {"step": step, "tokens": sum(g["tokens"] for g in batch), "groups": len(batch),
+            result: dict[str, Any] = {"step": step, "trained": len(self.trained),
+                                      "tokens": sum(g["tokens"] for g in batch), "groups": len(batch),
                                       "losses": losses, "times": times, "version": self.version,
                                       "published_at": published_at,
                                       "staleness": [self.version - 1 - g["version"] for g in batch],
@@ -228,7 +230,7 @@ class Trainer(hwplace.Worker):
             return {"policy": {k: v.clone() for k, v in self.policy.state_dict().items()},
                     "optimizer": self.optimizer.state_dict(), "version": self.version, "offset": self.offset,
                     "published": self.published, "history": self.history, "redelivered": self.redelivered,
-                    "discarded": self.discarded, "firsts": self.firsts}
+                    "reposed": self.reposed, "firsts": self.firsts}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         with self.turn():
@@ -237,10 +239,10 @@ class Trainer(hwplace.Worker):
         self.version, self.offset, self.published = state["version"], state["offset"], state["published"]
         self.history = [list(ids) for ids in state["history"]]
         self.trained = {i for ids in self.history for i in ids}
-        self.redelivered, self.discarded = state["redelivered"], list(state["discarded"])
+        self.redelivered, self.reposed = state["redelivered"], state["reposed"]
         self.firsts = dict(state["firsts"])
 
     def report(self) -> dict[str, Any]:
         return {"turns": self.turns, "swaps": self.swaps, "accelerators": os.environ.get("FAKE_VISIBLE_DEVICES"),
                 "weight_bytes": self.weight_bytes, "history": self.history, "redelivered": self.redelivered,
-                "discarded": self.discarded, "firsts": self.firsts}
+                "reposed": self.reposed, "firsts": self.firsts}
