@@ -74,6 +74,7 @@ def worker_kills(settings: dict[str, Any], every: float, kills: int, seed: int) 
             while thread.is_alive() and len(list(pids.iterdir())) < 8:  # env, robot, trainer, rollout: 2 each
                 time.sleep(0.5)
             time.sleep(every)  # training is under way
+            watchers = []
             while thread.is_alive() and len(done) < kills:
                 serving = [(name, status.rank) for name, group in list(job.groups.items()) if name in CLASSES
                            for status in group.status() if status.state == "serving"]
@@ -81,17 +82,15 @@ def worker_kills(settings: dict[str, Any], every: float, kills: int, seed: int) 
                     time.sleep(0.2)
                     continue
                 name, rank = rng.choice(serving)
-                before = job.groups[name].status()[rank].restarts
+                kill = {"component": name, "rank": rank, "attempt": job.groups[name].status()[rank].restarts + 1}
                 os.kill(int((pids / f"{name}-{rank}").read_text()), signal.SIGKILL)
-                killed = time.monotonic()
-                while thread.is_alive():
-                    status = job.groups[name].status()[rank]
-                    if status.restarts > before and status.state == "serving":
-                        break
-                    time.sleep(0.02)
-                done.append({"component": name, "rank": rank, "killed": killed, "attempt": before + 1,
-                             "serving": time.monotonic() - killed})
-                time.sleep(every * rng.uniform(0.5, 1.5))
+                kill["killed"] = time.monotonic()
+                done.append(kill)
+                watchers.append(threading.Thread(target=until_serving, args=(job, kill, thread), daemon=True))
+                watchers[-1].start()
+                time.sleep(every * rng.uniform(0.5, 1.5))  # the next kill does not wait for this one's restart
+            for watcher in watchers:
+                watcher.join()
             thread.join()
         finally:
             job.shutdown()
@@ -99,6 +98,18 @@ def worker_kills(settings: dict[str, Any], every: float, kills: int, seed: int) 
     if isinstance(summary, BaseException):
         raise summary
     return {"kills": done, "summary": summary}
+
+
+def until_serving(job: hwplace.Job, kill: dict[str, Any], training: threading.Thread) -> None:
+    """Note in ``kill`` the seconds until its rank serves again: a new process, constructed (while the job
+    trains)."""
+    group = job.groups[kill["component"]]
+    while training.is_alive():
+        status = group.status()[kill["rank"]]
+        if status.restarts >= kill["attempt"] and status.state == "serving":
+            kill["serving"] = time.monotonic() - kill["killed"]
+            return
+        time.sleep(0.02)
 
 
 def stale_after_restart(kills: list[dict[str, Any]], summary: dict[str, Any]) -> int:
@@ -111,7 +122,7 @@ def stale_after_restart(kills: list[dict[str, Any]], summary: dict[str, Any]) ->
     stale = 0
     for kill in kills:
         first = firsts.get((kill["rank"], kill["attempt"])) if kill["component"] == "rollout" else None
-        if first is None:
+        if first is None or "serving" not in kill:
             continue
         index = bisect.bisect_right(times, kill["killed"] + kill["serving"])
         newest = published[index - 1][1] if index else 0
@@ -180,9 +191,10 @@ def main() -> None:
         run = worker_kills(settings, args.every, args.kills, args.seed)
         kills, summary = run["kills"], run["summary"]
         ledger = summary["resilience"]
-        seconds = [k["serving"] for k in kills]
+        seconds = [k["serving"] for k in kills if "serving" in k]
         figures["workers"] = {
             "kills": len(kills), "by_component": {c: sum(k["component"] == c for k in kills) for c in CLASSES},
+            "restarted_before_the_end": len(seconds),
             "kill_to_serving_median": statistics.median(seconds) if seconds else None,
             "kill_to_serving_max": max(seconds, default=None),
             "lost": ledger["lost"], "trained_twice": ledger["trained_twice"],
