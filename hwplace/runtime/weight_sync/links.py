@@ -2,35 +2,34 @@
 
 A link is a communicator of two members, the source (member 0) and one target rank, built when the source
 first publishes and that target first asks for weights; each target joins on its own, so one that has not
-asked yet never holds up the others. Every version is an :class:`Announcement`, pickled into one fixed-size
-buffer (a second one carries the rest of a large one). Its one ``where`` field says where the version lies,
-as its transport (:mod:`hwplace.runtime.weight_sync.transports`) laid it down: in the announcement itself
-(:class:`InlineVersion`), in a segment of the source's node
-(:class:`~hwplace.runtime.weight_sync.segments.SegmentRef`), in a device slot
-(:class:`~hwplace.runtime.weight_sync.device_share.SlotDescriptor`), or following it on the link (:class:`Follows`;
-a large version's digests follow its buckets, taken as they are sent: one bucket in flight).
+asked yet never holds up the others. Every version is an
+:class:`~hwplace.runtime.weight_sync.announcements.Announcement`, broadcast as its frames; its ``where`` field
+says where the version lies, as its transport (:mod:`hwplace.runtime.weight_sync.transports`) laid it down (a
+large version's digests follow its buckets, taken as they are sent: one bucket in flight). A node's relay
+(:mod:`hwplace.runtime.weight_sync.relay`) has links of the same kind to its node's other ranks.
 
 :func:`fan_out` sends a version on every link whose target has joined, in ``publish``'s thread, bucket by
-bucket to all of them at once; a link whose target has not joined yet gets it from its own thread once it
-has (the newest version offered: versions offered meanwhile are skipped, never mixed). A link that breaks names
-its target. A :class:`Receiver` thread on each target takes announcements as they come (and the buckets that
-follow one, received into a file of the target: :func:`~hwplace.runtime.weight_sync.segments.receiving`) and
-keeps the newest; the target takes the version from where it lies when it asks. A link's key names both ends'
-processes (:func:`link_key`); a receiver whose source died links to the process its group restarts, keeping the
-newest version meanwhile. Imports the
-layers below, the communicator, and the records of the segments and device-share modules.
+bucket to all of them at once, each send to another node counted on its node pair (and held to the emulated
+link's rate: :mod:`hwplace.runtime.weight_sync.link_model`); a link whose target has not joined yet gets it
+from its own thread once it has (the newest version offered: versions offered meanwhile are skipped, never
+mixed). A link that breaks names its target. A :class:`Receiver` thread on each target takes announcements as
+they come (and the buckets that follow one, received into a file of the target:
+:func:`~hwplace.runtime.weight_sync.segments.receiving`, or on a relay into its segment) and keeps the newest;
+the target takes the version from where it lies when it asks. A link's key names both ends' processes
+(:func:`link_key`); a receiver whose source (or relay) died links to the process its group restarts, keeping
+the newest version meanwhile. Imports the layers below, the communicator, and the room's announcements,
+link-model and segments modules.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import pickle
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from hwplace.contracts.capabilities import Rendezvous
@@ -38,49 +37,18 @@ from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import HwplaceError, WeightSyncError
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import connect, find_entry, torch_module
-from hwplace.runtime.weight_sync.buckets import Entry
-from hwplace.runtime.weight_sync.device_share import SlotDescriptor
+from hwplace.runtime.weight_sync.announcements import Announcement, Follows, frames, recv_pickle
 from hwplace.runtime.weight_sync.link_model import Pair, traffic
-from hwplace.runtime.weight_sync.segments import HeldFile, SegmentRef, receiving
+from hwplace.runtime.weight_sync.segments import HeldFile, receiving
 
 WATCH = 0.5  # seconds between looks at the other end's group entry while a link waits for it or has broken
 NOTICE = 5.0  # seconds an executor may take to report a death as a restart before a broken link counts as final
 WATCH_TAG = 2  # a receive posted with it fails when the link's connection closes; a relay sends a byte: "look"
 WATCH_LIMIT = datetime.timedelta(days=3650)  # that receive's own timeout: it must outlive the link
-HEAD_BYTES = 8 * 1024  # an announcement travels in one broadcast of this size when its pickle fits
 ANNOUNCED_BYTES = 2 * 1024  # a version up to this size travels inside its announcement to the source's node
 Member = tuple[str, int]
 Buckets = Iterable[tuple[Any, str]]  # each bucket (a uint8 array) with its digest
-Relaying = Callable[[Any, "Announcement", Any], "Announcement"]  # (communicator, announcement, torch): where it lies
-
-
-@dataclass(frozen=True)
-class InlineVersion:
-    """A small version in its announcement: each bucket's bytes."""
-
-    buckets: tuple[bytes, ...]
-
-
-@dataclass(frozen=True)
-class Follows:
-    """The version's buckets follow the announcement on the link, then (``digests_follow``) their digests."""
-
-    digests_follow: bool = False
-
-
-Where = InlineVersion | SegmentRef | SlotDescriptor | Follows
-
-
-@dataclass(frozen=True)
-class Announcement:
-    """One version as a link announces it: where it lies, and for a version in host memory its entries, each
-    bucket's digest and length."""
-
-    version: int
-    where: Where
-    entries: tuple[Entry, ...] = ()
-    digests: tuple[str, ...] = ()
-    lengths: tuple[int, ...] = ()
+Relaying = Callable[[Any, Announcement, Any], Announcement]  # (communicator, announcement, torch): where it lies
 
 
 def _connect(key: str, members: tuple[Member, ...], context: WorkerContext, waiting: Callable[[], bool]) -> Any:
@@ -108,32 +76,6 @@ def link_key(uid: str, source: int, target: Member, incarnation: int) -> str:
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def frames(value: Any, torch: Any) -> list[Any]:
-    """A value as the tensors a link broadcasts it in: one fixed-size buffer (its pickle's length, then the
-    pickle), and a second for the rest of a pickle that does not fit."""
-    data = pickle.dumps(value, protocol=5)
-    head = torch.zeros(HEAD_BYTES, dtype=torch.uint8)
-    first = len(data).to_bytes(8, "little") + data[: HEAD_BYTES - 8]
-    head[: len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
-    if len(data) <= HEAD_BYTES - 8:
-        return [head]
-    return [head, torch.frombuffer(bytearray(data[HEAD_BYTES - 8 :]), dtype=torch.uint8)]
-
-
-def recv_pickle(comm: Any, torch: Any) -> Any:
-    """The value a link broadcast as :func:`frames`."""
-    head = torch.empty(HEAD_BYTES, dtype=torch.uint8)
-    comm.gloo.broadcast(head, 0).wait()
-    raw = head.numpy().tobytes()
-    size = int.from_bytes(raw[:8], "little")
-    data = raw[8 : 8 + size]
-    if size > HEAD_BYTES - 8:
-        rest = torch.empty(size - (HEAD_BYTES - 8), dtype=torch.uint8)
-        comm.gloo.broadcast(rest, 0).wait()
-        data += rest.numpy().tobytes()
-    return pickle.loads(data)
 
 
 class Link:

@@ -32,7 +32,8 @@ from hwplace.contracts.records import WorkerContext
 from hwplace.planning.sync_plan import SyncTarget
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import find_entry
-from hwplace.runtime.weight_sync.links import WATCH, Announcement, Follows, Link, link_key, recv_pickle
+from hwplace.runtime.weight_sync.announcements import Announcement, Follows, recv_pickle
+from hwplace.runtime.weight_sync.links import WATCH, Link, link_key
 from hwplace.runtime.weight_sync.segments import SegmentPool
 from hwplace.runtime.weight_sync.transports import deliver
 
