@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any
 
 import torch
 

@@ -26,7 +26,8 @@ def test_transports_follow_the_placements(plan: hwplace.ComponentPlacement) -> N
 
 def test_each_other_node_has_one_relay_its_first_target_rank() -> None:
     config = {"num_nodes": 3, "component_placement": {"trainer": "0", "rollout": "1-3,4-6,8-9", "critic": "5,10"}}
-    plan = hwplace.ComponentPlacement({"cluster": config}, hwplace.testing.fake_cluster(config, accelerators_per_node=4))
+    cluster = hwplace.testing.fake_cluster(config, accelerators_per_node=4)
+    plan = hwplace.ComponentPlacement({"cluster": config}, cluster)
     targets = plan_sync(plan.get_placements("trainer")[0], {g: plan.get_placements(g) for g in ("rollout", "critic")})
     assert relays(targets) == {1: ("rollout", 3), 2: ("rollout", 6)}
     assert [(t.group, t.rank, t.relay) for t in targets if t.node == 1] == [
