@@ -152,14 +152,24 @@ def sync_plans(specs: Sequence[SyncSpec], plan: ComponentPlacement) -> SyncPlans
 
 
 def print_sync_plans(plans: SyncPlans, out: TextIO) -> None:
-    """One table per weight sync: each target rank's group, rank, node and transport."""
+    """One table per weight sync: each target rank's group, rank, node and transport, and on other nodes its relay
+    (``relays``: the source sends it each version, it passes it on to its node's other ranks; ``via <group>
+    <rank>``: it gets each version from that relay)."""
     for spec, node, targets in plans:
         out.write(f"weight sync {spec.name}: {spec.source} rank {spec.source_rank} (node {node}) -> "
                   f"{', '.join(spec.targets)}\n")
-        rows = [["target", "rank", "node", "transport"]]
-        rows += [[t.group, str(t.rank), str(t.node), t.transport] for t in targets]
+        relayed = any(t.relay is not None for t in targets)
+        rows = [["target", "rank", "node", "transport"] + (["relay"] if relayed else [])]
+        rows += [[t.group, str(t.rank), str(t.node), t.transport] + ([_relay_cell(t)] if relayed else [])
+                 for t in targets]
         table(rows, out)
         out.write("\n")
+
+
+def _relay_cell(target: SyncTarget) -> str:
+    if target.relay is None:
+        return "-"
+    return "relays" if target.relays else f"via {target.relay[0]} {target.relay[1]}"
 
 
 def sync_plans_json(plans: SyncPlans) -> dict[str, Any]:

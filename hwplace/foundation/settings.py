@@ -11,7 +11,7 @@ import math
 import os
 import sys
 
-from hwplace.foundation.errors import PluginError
+from hwplace.foundation.errors import ConfigError, PluginError
 from hwplace.foundation.sizes import parse_size
 
 DISABLED_PLUGINS = "HWPLACE_DISABLED_PLUGINS"
@@ -66,6 +66,12 @@ TRACE_DIR = "HWPLACE_TRACE_DIR"
 """A folder: every worker a driver with this variable launches records its spans there, one file per process
 (``hwplace run --trace FILE`` sets it and merges the files into FILE); default unset, nothing recorded."""
 
+LINK_BANDWIDTH = "HWPLACE_LINK_BANDWIDTH"
+"""An emulated link between each pair of nodes, for benchmarks on one machine: the bytes per second a process may
+send from its node to another (``100MB``: 100 MB/s, a token bucket per node pair,
+:mod:`hwplace.runtime.weight_sync.link_model`); default unset, no emulation. Weight sync's sends to other nodes
+honour it."""
+
 DEFAULT_DETECT_TIMEOUT = 10.0
 MAX_DETECT_TIMEOUT = 3600.0
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -107,6 +113,18 @@ def read_fake_accelerator_memory() -> int:
     raw = os.environ.get(FAKE_ACCELERATOR_MEMORY, "").strip() or DEFAULT_FAKE_ACCELERATOR_MEMORY
     return parse_size(int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 20 else raw,
                       FAKE_ACCELERATOR_MEMORY)
+
+
+def read_link_bandwidth() -> int | None:
+    """``HWPLACE_LINK_BANDWIDTH`` in bytes per second (digits alone, or an amount such as ``100MB``); ``None``
+    when unset or empty. A value that is no amount, or 0, is a :class:`~hwplace.ConfigError` naming the variable."""
+    raw = os.environ.get(LINK_BANDWIDTH, "").strip()
+    if not raw:
+        return None
+    rate = parse_size(int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 20 else raw, LINK_BANDWIDTH)
+    if rate <= 0:
+        raise ConfigError(LINK_BANDWIDTH, "bytes per second above 0, such as 100MB", value=raw)
+    return rate
 
 
 def read_trace_dir() -> str | None:

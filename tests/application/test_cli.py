@@ -430,11 +430,13 @@ def test_plan_prints_the_weight_sync_plan(tmp_path: Path) -> None:
     lines = out.splitlines()
     start = lines.index("weight sync policy: trainer rank 0 (node 0) -> rollout")
     assert [line.split() for line in lines[start + 1 : start + 6]] == [
-        ["target", "rank", "node", "transport"], ["rollout", "0", "0", "same-device"],
-        ["rollout", "1", "0", "same-node"], ["rollout", "2", "1", "other-node"], ["rollout", "3", "1", "other-node"]]
+        ["target", "rank", "node", "transport", "relay"], ["rollout", "0", "0", "same-device", "-"],
+        ["rollout", "1", "0", "same-node", "-"], ["rollout", "2", "1", "other-node", "relays"],
+        ["rollout", "3", "1", "other-node", "via", "rollout", "2"]]
     code, out, _ = run("plan", write(tmp_path, WEIGHT_SYNC % "rollout"), "--nodes", "2x4", "--json")
-    assert [t["transport"] for t in json.loads(out)["weight_sync"]["policy"]["plan"]] == [
-        "same-device", "same-node", "other-node", "other-node"]
+    plan = json.loads(out)["weight_sync"]["policy"]["plan"]
+    assert [(t["transport"], t["relay"]) for t in plan] == [
+        ("same-device", None), ("same-node", None), ("other-node", ["rollout", 2]), ("other-node", ["rollout", 2])]
 
 
 def test_plan_refuses_a_weight_sync_naming_an_unknown_component(tmp_path: Path) -> None:

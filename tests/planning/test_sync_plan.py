@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import hwplace
-from hwplace.planning.sync_plan import SyncTarget, plan_sync, transport
+from hwplace.planning.sync_plan import SyncTarget, plan_sync, relayed, relays, transport
 
 CONFIG = {"cluster": {"num_nodes": 2, "component_placement": {
     "trainer": "0-1", "rollout": "0-1,3,4", "cpu": {"node_group": "node", "placement": "0-1"}}}}
@@ -21,7 +21,21 @@ def test_transports_follow_the_placements(plan: hwplace.ComponentPlacement) -> N
     source = plan.get_placements("trainer")[1]
     assert plan_sync(source, {"rollout": plan.get_placements("rollout")}) == (
         SyncTarget("rollout", 0, 0, "same-node"), SyncTarget("rollout", 1, 0, "same-device"),
-        SyncTarget("rollout", 2, 0, "same-node"), SyncTarget("rollout", 3, 1, "other-node"))
+        SyncTarget("rollout", 2, 0, "same-node"), SyncTarget("rollout", 3, 1, "other-node", ("rollout", 3)))
+
+
+def test_each_other_node_has_one_relay_its_first_target_rank() -> None:
+    config = {"num_nodes": 3, "component_placement": {"trainer": "0", "rollout": "1-3,4-6,8-9", "critic": "5,10"}}
+    cluster = hwplace.testing.fake_cluster(config, accelerators_per_node=4)
+    plan = hwplace.ComponentPlacement({"cluster": config}, cluster)
+    targets = plan_sync(plan.get_placements("trainer")[0], {g: plan.get_placements(g) for g in ("rollout", "critic")})
+    assert relays(targets) == {1: ("rollout", 3), 2: ("rollout", 6)}
+    assert [(t.group, t.rank, t.relay) for t in targets if t.node == 1] == [
+        ("rollout", 3, ("rollout", 3)), ("rollout", 4, ("rollout", 3)), ("rollout", 5, ("rollout", 3)),
+        ("critic", 0, ("rollout", 3))]
+    assert [t.relay for t in targets if t.node == 0] == [None, None, None]
+    assert [(t.group, t.rank) for t in relayed(targets, ("rollout", 6))] == [("rollout", 7), ("critic", 1)]
+    assert [t.direct for t in targets] == [True, True, True, True, False, False, True, False, False, False]
 
 
 def test_processes_without_accelerators_share_no_accelerator(plan: hwplace.ComponentPlacement) -> None:

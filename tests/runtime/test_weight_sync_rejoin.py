@@ -131,7 +131,8 @@ def test_a_restarted_target_of_a_source_that_streams_gets_the_next_version_or_on
         assert trainer.publish(sync, 4).wait() == [4]  # the source keeps a copy of it for the rank coming back
         restarted(far, [0])
         assert far.execute_on(0).latest(sync, 0).wait() == [(4, [4.0])]  # with no publish since
-        assert far.execute_on(1).latest(sync, 0).wait() == [(4, [4.0])]
+        # rank 0 relays to rank 1: version 4 reaches rank 1 through the restarted relay, with no publish since
+        assert far.execute_on(1).latest(sync, 4).wait() == [(4, [4.0])]
     finally:
         trainer.shutdown()
         far.shutdown()

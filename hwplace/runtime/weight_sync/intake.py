@@ -21,9 +21,10 @@ from types import MappingProxyType
 from typing import Any
 
 from hwplace.runtime.messaging.communicator import torch_module
+from hwplace.runtime.weight_sync.announcements import Announcement
 from hwplace.runtime.weight_sync.buckets import Weights
 from hwplace.runtime.weight_sync.device_share import SlotDescriptor, TornRead, views
-from hwplace.runtime.weight_sync.links import Announcement, Receiver
+from hwplace.runtime.weight_sync.links import Receiver
 from hwplace.runtime.weight_sync.transports import HostVersion, OtherNode, SameDevice, SameNode
 
 

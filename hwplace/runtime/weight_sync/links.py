@@ -2,35 +2,34 @@
 
 A link is a communicator of two members, the source (member 0) and one target rank, built when the source
 first publishes and that target first asks for weights; each target joins on its own, so one that has not
-asked yet never holds up the others. Every version is an :class:`Announcement`, pickled into one fixed-size
-buffer (a second one carries the rest of a large one). Its one ``where`` field says where the version lies,
-as its transport (:mod:`hwplace.runtime.weight_sync.transports`) laid it down: in the announcement itself
-(:class:`InlineVersion`), in a segment of the source's node
-(:class:`~hwplace.runtime.weight_sync.segments.SegmentRef`), in a device slot
-(:class:`~hwplace.runtime.weight_sync.device_share.SlotDescriptor`), or following it on the link (:class:`Follows`;
-a large version's digests follow its buckets, taken as they are sent: one bucket in flight).
+asked yet never holds up the others. Every version is an
+:class:`~hwplace.runtime.weight_sync.announcements.Announcement`, broadcast as its frames; its ``where`` field
+says where the version lies, as its transport (:mod:`hwplace.runtime.weight_sync.transports`) laid it down (a
+large version's digests follow its buckets, taken as they are sent: one bucket in flight). A node's relay
+(:mod:`hwplace.runtime.weight_sync.relay`) has links of the same kind to its node's other ranks.
 
 :func:`fan_out` sends a version on every link whose target has joined, in ``publish``'s thread, bucket by
-bucket to all of them at once; a link whose target has not joined yet gets it from its own thread once it
-has (the newest version offered: versions offered meanwhile are skipped, never mixed). A link that breaks names
-its target. A :class:`Receiver` thread on each target takes announcements as they come (and the buckets that
-follow one, received into a file of the target: :func:`~hwplace.runtime.weight_sync.segments.receiving`) and
-keeps the newest; the target takes the version from where it lies when it asks. A link's key names both ends'
-processes (:func:`link_key`); a receiver whose source died links to the process its group restarts, keeping the
-newest version meanwhile. Imports the
-layers below, the communicator, and the records of the segments and device-share modules.
+bucket to all of them at once, each send to another node counted on its node pair (and held to the emulated
+link's rate: :mod:`hwplace.runtime.weight_sync.link_model`); a link whose target has not joined yet gets it
+from its own thread once it has (the newest version offered: versions offered meanwhile are skipped, never
+mixed). A link that breaks names its target. A :class:`Receiver` thread on each target takes announcements as
+they come (and the buckets that follow one, received into a file of the target:
+:func:`~hwplace.runtime.weight_sync.segments.receiving`, or on a relay into its segment) and keeps the newest;
+the target takes the version from where it lies when it asks. A link's key names both ends' processes
+(:func:`link_key`); a receiver whose source (or relay) died links to the process its group restarts, keeping
+the newest version meanwhile. Imports the layers below, the communicator, and the room's announcements,
+link-model and segments modules.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import pickle
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from hwplace.contracts.capabilities import Rendezvous
@@ -38,47 +37,18 @@ from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import HwplaceError, WeightSyncError
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import connect, find_entry, torch_module
-from hwplace.runtime.weight_sync.buckets import Entry
-from hwplace.runtime.weight_sync.device_share import SlotDescriptor
-from hwplace.runtime.weight_sync.segments import HeldFile, SegmentRef, receiving
+from hwplace.runtime.weight_sync.announcements import Announcement, Follows, frames, recv_pickle
+from hwplace.runtime.weight_sync.link_model import Pair, traffic
+from hwplace.runtime.weight_sync.segments import HeldFile, receiving
 
 WATCH = 0.5  # seconds between looks at the other end's group entry while a link waits for it or has broken
 NOTICE = 5.0  # seconds an executor may take to report a death as a restart before a broken link counts as final
-WATCH_TAG = 2  # nothing is ever sent with it: a receive posted with it fails when the link's connection closes
+WATCH_TAG = 2  # a receive posted with it fails when the link's connection closes; a relay sends a byte: "look"
 WATCH_LIMIT = datetime.timedelta(days=3650)  # that receive's own timeout: it must outlive the link
-HEAD_BYTES = 8 * 1024  # an announcement travels in one broadcast of this size when its pickle fits
 ANNOUNCED_BYTES = 2 * 1024  # a version up to this size travels inside its announcement to the source's node
 Member = tuple[str, int]
 Buckets = Iterable[tuple[Any, str]]  # each bucket (a uint8 array) with its digest
-
-
-@dataclass(frozen=True)
-class InlineVersion:
-    """A small version in its announcement: each bucket's bytes."""
-
-    buckets: tuple[bytes, ...]
-
-
-@dataclass(frozen=True)
-class Follows:
-    """The version's buckets follow the announcement on the link, then (``digests_follow``) their digests."""
-
-    digests_follow: bool = False
-
-
-Where = InlineVersion | SegmentRef | SlotDescriptor | Follows
-
-
-@dataclass(frozen=True)
-class Announcement:
-    """One version as a link announces it: where it lies, and for a version in host memory its entries, each
-    bucket's digest and length."""
-
-    version: int
-    where: Where
-    entries: tuple[Entry, ...] = ()
-    digests: tuple[str, ...] = ()
-    lengths: tuple[int, ...] = ()
+Relaying = Callable[[Any, Announcement, Any], Announcement]  # (communicator, announcement, torch): where it lies
 
 
 def _connect(key: str, members: tuple[Member, ...], context: WorkerContext, waiting: Callable[[], bool]) -> Any:
@@ -108,43 +78,13 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-def send_pickle(comm: Any, value: Any, torch: Any) -> list[Any]:
-    """Start broadcasting a value as one fixed-size buffer (its pickle's length, then the pickle), with a second
-    broadcast for the rest of a pickle that does not fit; returns the broadcasts' works to wait for."""
-    data = pickle.dumps(value, protocol=5)
-    head = torch.zeros(HEAD_BYTES, dtype=torch.uint8)
-    first = len(data).to_bytes(8, "little") + data[: HEAD_BYTES - 8]
-    head[: len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
-    works = [comm.gloo.broadcast(head, 0)]
-    if len(data) > HEAD_BYTES - 8:
-        works.append(comm.gloo.broadcast(torch.frombuffer(bytearray(data[HEAD_BYTES - 8 :]), dtype=torch.uint8), 0))
-    return works
-
-
-def _broadcast(comm: Any, tensor: Any) -> list[Any]:
-    return [comm.gloo.broadcast(tensor, 0)]
-
-
-def recv_pickle(comm: Any, torch: Any) -> Any:
-    """The value :func:`send_pickle` broadcast."""
-    head = torch.empty(HEAD_BYTES, dtype=torch.uint8)
-    comm.gloo.broadcast(head, 0).wait()
-    raw = head.numpy().tobytes()
-    size = int.from_bytes(raw[:8], "little")
-    data = raw[8 : 8 + size]
-    if size > HEAD_BYTES - 8:
-        rest = torch.empty(size - (HEAD_BYTES - 8), dtype=torch.uint8)
-        comm.gloo.broadcast(rest, 0).wait()
-        data += rest.numpy().tobytes()
-    return pickle.loads(data)
-
-
 class Link:
     """The source's end of the link to one target rank (``where`` names it in messages)."""
 
     def __init__(self, name: str, key: str, members: tuple[Member, Member], context: WorkerContext,
-                 where: str, incarnation: int = 0) -> None:
+                 where: str, incarnation: int = 0, pair: Pair | None = None) -> None:
         self.name = name
+        self.pair = pair  # (the source's node, the target's): its sends are counted (and throttled) on it
         self.where = where  # "group 'rollout' rank 1 (node 0)"
         self.incarnation = incarnation  # the target's process this link reaches
         self.error: HwplaceError | None = None
@@ -152,6 +92,7 @@ class Link:
         self.comm: Any = None
         self.sent = 0
         self.closed = False
+        self.reported = False  # a relay at the other end has reported ranks of its node dead or back
         self._changed = threading.Condition()
         self._offered: tuple[Announcement, Sequence[Any]] | None = None
         threading.Thread(target=self._run, args=(key, members, context), daemon=True,
@@ -191,8 +132,7 @@ class Link:
                     return
                 self.comm = comm
             torch = torch_module()
-            watch = comm.gloo.recv([torch.zeros(0, dtype=torch.uint8)], 1, WATCH_TAG)
-            threading.Thread(target=self._watch, args=(watch,), daemon=True,
+            threading.Thread(target=self._watch, args=(comm, torch), daemon=True,
                              name=f"hwplace-wsync-watch-{self.name}").start()
             while True:
                 with self._changed:
@@ -207,11 +147,14 @@ class Link:
                 self.broke(exc)
 
 
-    def _watch(self, watch: Any) -> None:
-        """Break the link the moment its target's process ends (``watch``, a receive nothing is sent to, fails when
-        the connection closes), not at the next version sent: the source then links to a restarted target."""
+    def _watch(self, comm: Any, torch: Any) -> None:
+        """Break the link the moment its target's process ends (a receive that only a relay's report completes
+        fails when the connection closes), not at the next version sent: the source then links to a restarted
+        target. A report (:meth:`Receiver.report`) marks the link :attr:`reported`."""
         try:
-            watch.wait(WATCH_LIMIT)
+            while True:
+                comm.gloo.recv([torch.zeros(1, dtype=torch.uint8)], 1, WATCH_TAG).wait(WATCH_LIMIT)
+                self.reported = True
         except BaseException as exc:
             if self.error is None and not self.closed:
                 self.broke(exc)
@@ -237,22 +180,28 @@ def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) ->
     at once before the next is taken; links that already have this version or a newer one are left out. A link
     that breaks keeps its error (:meth:`Link.broke`, naming its target) and the others get the version."""
     torch = torch_module()
+    model = traffic()
     links = sorted(links, key=id)  # one lock order for every caller
     with contextlib.ExitStack() as held:
         for link in links:
             held.enter_context(link.lock)
         live = [link for link in links if link.sent < note.version and link.error is None and not link.closed]
         works: dict[int, list[Any]] = {}
+        due = [0.0]  # when the sends started so far have crossed their (emulated) links
 
-        def start(link: Link, op: Callable[..., list[Any]], *args: Any) -> None:
+        def start(link: Link, tensors: Sequence[Any]) -> None:
             if link in live:
                 try:
-                    works.setdefault(id(link), []).extend(op(link.comm, *args))
+                    for tensor in tensors:
+                        works.setdefault(id(link), []).append(link.comm.gloo.broadcast(tensor, 0))
+                        if link.pair is not None:
+                            due[0] = max(due[0], model.charge(link.pair, tensor.nbytes))
                 except BaseException as exc:
                     link.broke(exc)
                     live.remove(link)
 
         def settle() -> None:
+            model.wait(due[0])
             for link in list(live):
                 try:
                     for work in works.pop(id(link), []):
@@ -261,8 +210,9 @@ def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) ->
                     link.broke(exc)
                     live.remove(link)
 
+        head = frames(note, torch)
         for link in list(live):
-            start(link, send_pickle, note, torch)  # the buckets go out without waiting for it to land
+            start(link, head)  # the buckets go out without waiting for it to land
         digests = []
         if isinstance(note.where, Follows):
             with warnings.catch_warnings():  # buffers may be read-only; the source only reads them
@@ -271,12 +221,13 @@ def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) ->
                     if buffer.nbytes:
                         tensor = torch.from_numpy(buffer)
                         for link in list(live):
-                            start(link, _broadcast, tensor)
+                            start(link, [tensor])
                         settle()  # one bucket in flight
                     digests.append(digest)
             if note.where.digests_follow:
+                tail = frames(tuple(digests), torch)
                 for link in list(live):
-                    start(link, send_pickle, tuple(digests), torch)
+                    start(link, tail)
         settle()
         for link in live:
             link.sent = note.version
@@ -302,8 +253,10 @@ class Receiver:
     version it has stays the newest meanwhile); a source that will not come back is the link's error."""
 
     def __init__(self, name: str, key: Callable[[int], str], members: tuple[Member, ...],
-                 context: WorkerContext) -> None:
+                 context: WorkerContext, upstream: str = "the source", relay: Relaying | None = None) -> None:
         self.name = name
+        self.upstream = upstream  # who sends on the link: the source, or this node's relay
+        self._relay = relay  # on a relay: takes the buckets that follow an announcement, and passes them on
         self._changed = threading.Condition()
         self._newest: tuple[Announcement, HeldFile | None] | None = None
         self._error: HwplaceError | None = None
@@ -330,7 +283,7 @@ class Receiver:
         except BaseException as exc:
             with self._changed:
                 if not self._closed:
-                    self._error = WeightSyncError(f"weight sync {self.name!r}: the link from the source broke "
+                    self._error = WeightSyncError(f"weight sync {self.name!r}: the link from {self.upstream} broke "
                                                   f"({_first_line(exc)})")
                 self._changed.notify_all()
 
@@ -346,7 +299,9 @@ class Receiver:
             while True:
                 note: Announcement = recv_pickle(comm, torch)
                 held = None
-                if isinstance(note.where, Follows):
+                if isinstance(note.where, Follows) and self._relay is not None:
+                    note = self._relay(comm, note, torch)  # now in this node's shared memory, passed on
+                elif isinstance(note.where, Follows):
                     held = _received(comm, note.lengths, torch)
                     if note.where.digests_follow:
                         note = replace(note, digests=recv_pickle(comm, torch))
@@ -384,6 +339,13 @@ class Receiver:
             if self._error is not None:
                 raise self._error
             return None
+
+    def report(self) -> None:
+        """On a relay: tell the source to look at what the relay noted in the rendezvous (ranks dead or back)."""
+        comm, torch = self._comm, torch_module()
+        if comm is not None:
+            with contextlib.suppress(Exception):  # a link that broke meanwhile: the source sees that instead
+                comm.gloo.send([torch.ones(1, dtype=torch.uint8)], 0, WATCH_TAG).wait()
 
     def close(self) -> None:
         """End the receiver and its communicator."""

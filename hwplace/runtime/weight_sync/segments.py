@@ -26,7 +26,7 @@ import os
 import struct
 import tempfile
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,22 +100,36 @@ class SegmentPool:
         segment; returns where it lies and the digests."""
         import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
+        digests: list[str] = []
+
+        def copy(views: list[Any]) -> None:
+            for (bucket, digest), view in zip(buckets, views, strict=True):
+                view[:] = np.asarray(bucket, dtype=np.uint8).reshape(-1)
+                digests.append(digest)
+
+        return self.fill(version, lengths, copy), digests
+
+    def fill(self, version: int, lengths: Sequence[int], fill: Callable[[list[Any]], None]) -> SegmentRef:
+        """Put ``version`` into a free segment: ``fill`` writes each bucket (of ``lengths``) into the writable view
+        it is given (a relay receives them straight into it); returns where the version lies. A ``fill`` that
+        raises leaves the segment without a version, free for the next."""
+        import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
+
         offsets, need = offsets_of(lengths)
         segment = self._claim(need)
         try:
             STAMP.pack_into(segment.map, 0, MAGIC, 0)
+            segment.version = 0
             view = np.frombuffer(segment.map, dtype=np.uint8)
-            digests = []
-            for (bucket, digest), offset, length in zip(buckets, offsets, lengths, strict=True):
-                view[offset : offset + length] = np.asarray(bucket, dtype=np.uint8).reshape(-1)
-                digests.append(digest)
-            del view
+            try:
+                fill([view[offset : offset + length] for offset, length in zip(offsets, lengths, strict=True)])
+            finally:
+                del view
             STAMP.pack_into(segment.map, 0, MAGIC, version)
             segment.version = version
         finally:
             fcntl.flock(segment.fd, fcntl.LOCK_UN)
-        ref = SegmentRef(os.getpid(), segment.fd, segment.path, segment.inode, version, offsets, tuple(lengths))
-        return ref, digests
+        return SegmentRef(os.getpid(), segment.fd, segment.path, segment.inode, version, offsets, tuple(lengths))
 
     def _claim(self, need: int) -> _Segment:
         """A segment of at least ``need`` bytes that no target holds, locked exclusively: the oldest free one,

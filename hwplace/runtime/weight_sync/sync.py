@@ -31,12 +31,13 @@ from hwplace.foundation.timeouts import wait_timeout
 from hwplace.foundation.trace import SYNC, WAIT, traced
 from hwplace.foundation.wording import safe_repr
 from hwplace.inventory.cluster import Cluster
-from hwplace.planning.sync_plan import SAME_DEVICE, TRANSPORTS, SyncTarget, plan_sync
+from hwplace.planning.sync_plan import SAME_DEVICE, TRANSPORTS, SyncTarget, plan_sync, relayed, relays
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import check_member, find_entry
 from hwplace.runtime.weight_sync.buckets import DEFAULT_BUCKET_BYTES, Weights, check_state_dict
 from hwplace.runtime.weight_sync.intake import Intake
 from hwplace.runtime.weight_sync.links import WATCH, Link, Receiver, incarnation, link_key
+from hwplace.runtime.weight_sync.relay import Relay, relayed_dead
 from hwplace.runtime.weight_sync.transports import SameDevice, SameNode, Source, choose, source_device
 
 
@@ -54,6 +55,8 @@ class _State:
         self.device: int | None = None  # the GPU the newest version's tensors lay on (None: host memory)
         self.source: Source | None = None
         self.intake: Intake | None = None
+        self.relay: Relay | None = None  # on a node's relay: its side of relaying
+        self.relayed: dict[int, dict[tuple[str, int], str]] = {}  # on the source: what each node's relay reported
         self.closed = False
 
 
@@ -145,7 +148,12 @@ class WeightSync:
         member = (target.group, target.rank)
         return Link(self.name, link_key(self._uid, state.me, member, incarnation),
                     ((self.source, self.source_rank), member), context,
-                    f"group {target.group!r} rank {target.rank} (node {target.node})", incarnation)
+                    f"group {target.group!r} rank {target.rank} (node {target.node})", incarnation,
+                    (context.placement.node_rank, target.node))
+
+    def _direct(self) -> tuple[SyncTarget, ...]:
+        """The targets the source links to itself: those of its node and each other node's relay."""
+        return tuple(t for t in self.plan if t.direct)
 
     def _entries(self) -> dict[str, GroupEntry]:
         executor = session().executor
@@ -159,7 +167,7 @@ class WeightSync:
         entries = self._entries()  # all found before anything is kept: a group not found leaves no half start
         state.version = continued_version(rendezvous, self._uid) if me else state.version
         state.me = me
-        for t in self.plan:
+        for t in self._direct():
             state.links[t.group, t.rank] = self._link(state, t, entries[t.group].incarnation(t.rank), context)
         threading.Thread(target=self._watch, args=(state, context), daemon=True,
                          name=f"hwplace-wsync-watch-{self.name}").start()
@@ -189,7 +197,7 @@ class WeightSync:
         or not, reached the one that died), offered the newest version where it still lies for its transport;
         during a publish (``state_dict`` given), laid down again where it does not, and for ``standby``."""
         missed: dict[str, list[Link]] = {name: [] for name in TRANSPORTS}
-        for t in self.plan:
+        for t in self._direct():
             member = (t.group, t.rank)
             link = state.links.get(member)
             was = link.incarnation if link is not None else state.gone.get(member)
@@ -241,7 +249,7 @@ class WeightSync:
             version = state.version + 1
             session().require(Rendezvous, "weight sync").kv_put(version_key(self._uid), str(version).encode())
             links: dict[str, list[Link]] = {name: [] for name in TRANSPORTS}
-            for t in self.plan:
+            for t in self._direct():
                 link = state.links.get((t.group, t.rank))
                 if link is not None:
                     links[choose(t.transport, self._holds.get((t.group, t.rank), ()), device)].append(link)
@@ -256,8 +264,18 @@ class WeightSync:
             return version
 
     def _bury(self, state: _State) -> None:
-        """Drop the links that broke, each named in a warning and in :attr:`dead_targets`; the others go on."""
+        """Drop the links that broke, each named in a warning and in :attr:`dead_targets`; the others go on. A
+        relay that reported ranks of its node dead: each one newly dead is named in a warning too."""
         for key, link in list(state.links.items()):
+            if link.reported and link.pair is not None:
+                link.reported = False
+                rendezvous = session().require(Rendezvous, "weight sync")
+                now = relayed_dead(rendezvous, self._uid, [link.pair[1]])
+                for member, why in now.items():
+                    if member not in state.relayed.get(link.pair[1], {}):
+                        warnings.warn(f"{why}; it gets no more versions, the other targets do", RuntimeWarning,
+                                      stacklevel=3)
+                state.relayed[link.pair[1]] = now
             if link.error is not None:
                 del state.links[key]
                 state.dead[key] = str(link.error)
@@ -269,10 +287,15 @@ class WeightSync:
     @property
     def dead_targets(self) -> dict[tuple[str, int], str]:
         """On the source: the targets (group, rank) whose link broke, each with why; they get no more versions
-        unless their group restarts them (a restarted target is linked again and leaves this list)."""
+        unless their group restarts them (a restarted target is linked again and leaves this list). A target
+        on another node is its relay's to link: the relay reports it (one look in the rendezvous per node)."""
         state = self._state()
         with state.lock:
-            return dict(state.dead)
+            dead = dict(state.dead)
+        nodes = sorted(relays(self.plan))
+        if nodes:
+            dead.update(relayed_dead(session().require(Rendezvous, "weight sync"), self._uid, nodes))
+        return dead
 
     def device_bytes(self, model_bytes: int) -> dict[str, int]:
         """The most GPU memory this sync takes besides the model itself, for a state dict of ``model_bytes``,
@@ -296,8 +319,11 @@ class WeightSync:
                 state.source.close()
                 state.source = None
             intake, state.intake = state.intake, None
+            relay, state.relay = state.relay, None
         if intake is not None:
             intake.close()
+        if relay is not None:
+            relay.close()
 
     def _check_open(self, state: _State) -> None:
         if state.closed:
@@ -330,16 +356,26 @@ class WeightSync:
         with state.lock:
             self._check_open(state)
             if state.intake is None:
-                members = ((self.source, self.source_rank), (me.group, me.rank))
                 context = session().worker_context(what)
                 visible = context.placement.visible_accelerators or None
                 mine = incarnation(me.group, me.rank)
+                if me.direct:
+                    upstream, uid, what_upstream = (self.source, self.source_rank), self._uid, "the source"
+                else:
+                    assert me.relay is not None
+                    upstream, uid = me.relay, f"{self._uid}.relay"
+                    what_upstream = f"its node's relay, group {me.relay[0]!r} rank {me.relay[1]} (node {me.node})"
+                if me.relays:
+                    state.relay = Relay(self.name, self._uid, me, relayed(self.plan, me.relay or upstream), context)
 
                 def key(source: int) -> str:
-                    return link_key(self._uid, source, (me.group, me.rank), mine)
+                    return link_key(uid, source, (me.group, me.rank), mine)
 
-                state.intake = Intake(self.name, Receiver(self.name, key, members, context),
-                                      SameDevice(visible), SameNode(self._uid))
+                receiver = Receiver(self.name, key, (upstream, (me.group, me.rank)), context, what_upstream,
+                                    state.relay.receive if state.relay is not None else None)
+                if state.relay is not None:
+                    state.relay.report = receiver.report
+                state.intake = Intake(self.name, receiver, SameDevice(visible), SameNode(self._uid))
             return state.intake
 
     @traced("weights.load_into", SYNC, lambda sync, *_, **__: {"sync": sync.name})

@@ -27,17 +27,10 @@ from typing import Any
 
 from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SAME_NODE
 from hwplace.runtime.messaging.communicator import torch_module
+from hwplace.runtime.weight_sync.announcements import Announcement, Follows, InlineVersion
 from hwplace.runtime.weight_sync.buckets import INLINE_BYTES, Entry, Weights, check, pack, sizes, unpack
 from hwplace.runtime.weight_sync.device_share import SlotDescriptor, SlotReader, SlotWriter, physical_device, views
-from hwplace.runtime.weight_sync.links import (
-    ANNOUNCED_BYTES,
-    Announcement,
-    Follows,
-    InlineVersion,
-    Link,
-    buckets_of,
-    fan_out,
-)
+from hwplace.runtime.weight_sync.links import ANNOUNCED_BYTES, Link, buckets_of, fan_out
 from hwplace.runtime.weight_sync.segments import HeldBytes, HeldFile, SegmentPool, SegmentReader, SegmentRef
 
 

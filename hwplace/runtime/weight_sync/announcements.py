@@ -1,0 +1,75 @@
+"""What a weight sync's link carries: each version's :class:`Announcement` (where the version lies: in the
+announcement itself, :class:`InlineVersion`; in a segment of a node,
+:class:`~hwplace.runtime.weight_sync.segments.SegmentRef`; in a device slot,
+:class:`~hwplace.runtime.weight_sync.device_share.SlotDescriptor`; or following it on the link, :class:`Follows`),
+and how a value travels on a link: :func:`frames` (one fixed-size buffer, a second for the rest of a large pickle),
+read back by :func:`recv_pickle`. Imports the records of the segments and device-share modules; torch is passed in.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+from hwplace.runtime.weight_sync.buckets import Entry
+from hwplace.runtime.weight_sync.device_share import SlotDescriptor
+from hwplace.runtime.weight_sync.segments import SegmentRef
+
+HEAD_BYTES = 8 * 1024  # an announcement travels in one broadcast of this size when its pickle fits
+
+
+@dataclass(frozen=True)
+class InlineVersion:
+    """A small version in its announcement: each bucket's bytes."""
+
+    buckets: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Follows:
+    """The version's buckets follow the announcement on the link, then (``digests_follow``) their digests."""
+
+    digests_follow: bool = False
+
+
+Where = InlineVersion | SegmentRef | SlotDescriptor | Follows
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """One version as a link announces it: where it lies, and for a version in host memory its entries, each
+    bucket's digest and length."""
+
+    version: int
+    where: Where
+    entries: tuple[Entry, ...] = ()
+    digests: tuple[str, ...] = ()
+    lengths: tuple[int, ...] = ()
+
+
+
+def frames(value: Any, torch: Any) -> list[Any]:
+    """A value as the tensors a link broadcasts it in: one fixed-size buffer (its pickle's length, then the
+    pickle), and a second for the rest of a pickle that does not fit."""
+    data = pickle.dumps(value, protocol=5)
+    head = torch.zeros(HEAD_BYTES, dtype=torch.uint8)
+    first = len(data).to_bytes(8, "little") + data[: HEAD_BYTES - 8]
+    head[: len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
+    if len(data) <= HEAD_BYTES - 8:
+        return [head]
+    return [head, torch.frombuffer(bytearray(data[HEAD_BYTES - 8 :]), dtype=torch.uint8)]
+
+
+def recv_pickle(comm: Any, torch: Any) -> Any:
+    """The value a link broadcast as :func:`frames`."""
+    head = torch.empty(HEAD_BYTES, dtype=torch.uint8)
+    comm.gloo.broadcast(head, 0).wait()
+    raw = head.numpy().tobytes()
+    size = int.from_bytes(raw[:8], "little")
+    data = raw[8 : 8 + size]
+    if size > HEAD_BYTES - 8:
+        rest = torch.empty(size - (HEAD_BYTES - 8), dtype=torch.uint8)
+        comm.gloo.broadcast(rest, 0).wait()
+        data += rest.numpy().tobytes()
+    return pickle.loads(data)
