@@ -41,6 +41,7 @@ from hwplace.foundation.errors import (
     WorkerError,
 )
 from hwplace.foundation.sizes import parse_size
+from hwplace.foundation.trace import user_span as span
 from hwplace.foundation.version import __version__
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
@@ -128,5 +129,6 @@ __all__ = [
     "predict",
     "run_job",
     "search_placements",
+    "span",
     "testing",
 ]
