@@ -176,8 +176,9 @@ class Trainer(hwplace.Worker):
         torch.manual_seed(settings["seed"] + self.rank)  # different on purpose: the broadcast makes them alike
         self.policy = rl.Policy(self.task.max_len)
         self.params = list(self.policy.parameters())
-        for param in self.params:
-            dist.broadcast(param.data, src=0)
+        with hwplace.span("broadcast"):  # a wait on the timeline (hwplace run --trace): blocked on rank 0
+            for param in self.params:
+                dist.broadcast(param.data, src=0)
         self.optimizer = torch.optim.Adam(self.params, lr=settings["learning_rate"])
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.params)
         self.stash: dict[str, Any] | None = None
@@ -235,7 +236,8 @@ class Trainer(hwplace.Worker):
 
             start = time.perf_counter()
             grads = torch.cat([p.grad.flatten() for p in self.params])
-            dist.all_reduce(grads)  # sum over ranks, then the mean
+            with hwplace.span("all_reduce", op="sum"):  # a wait on the timeline: blocked on the other ranks
+                dist.all_reduce(grads)  # sum over ranks, then the mean
             grads /= self.world_size
             offset = 0
             for p in self.params:
@@ -248,8 +250,9 @@ class Trainer(hwplace.Worker):
             self.optimizer.step()
             weights = torch.cat([p.detach().flatten() for p in self.params])
             low, high = weights.clone(), weights.clone()
-            dist.all_reduce(low, op=dist.ReduceOp.MIN)
-            dist.all_reduce(high, op=dist.ReduceOp.MAX)
+            with hwplace.span("all_reduce", op="min, max"):
+                dist.all_reduce(low, op=dist.ReduceOp.MIN)
+                dist.all_reduce(high, op=dist.ReduceOp.MAX)
             if not torch.equal(low, high):
                 raise RuntimeError(f"after step {step} the ranks' weights differ by up to "
                                    f"{(high - low).abs().max().item():.3g}")
