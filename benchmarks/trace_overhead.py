@@ -13,11 +13,10 @@ Coverage, per worker, is the share of the training window (from the first ``trai
 last one's end) that the worker's spans cover; also shown for group calls alone (without the ``between calls``
 spans): the trainer's gaps are the time between one step's result and the next step's call, the driver's loop.
 
-The stall run subclasses the example's trainer: in one step, rank 1 sleeps ``--stall`` seconds before its first
-``all_reduce`` (after taking its batch: a stall at the start of a step hides in the wait for experience), and
-every ``torch.distributed.all_reduce`` is a ``wait`` span (the example does not mark its collectives: gloo's
-wait is otherwise inside the trainer's compute), so rank 0's wait for rank 1 should be the top wait of the
-training window.
+The stall run subclasses the example's trainer: in one step, rank 1 sleeps ``--stall`` seconds in its work, after
+taking its batch (a stall at the start of a step hides in the wait for experience) and before its first
+``all_reduce``. The example marks its collectives as waits (``with hwplace.span("all_reduce")``), so rank 0's
+wait for rank 1 should be the top wait of ``hwplace report``.
 
 Run: python benchmarks/trace_overhead.py [--steps 60] [--repeat 2] [--stall 0.2]
 """
@@ -46,37 +45,31 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "rl-grpo"
 
 STALLED = '''\
-"""The GRPO example, with a trainer whose rank 1 stalls once before an all_reduce, and whose all_reduce calls are
-wait spans."""
+"""The GRPO example, with a trainer whose rank 1 stalls once, in its work between its batch and its all_reduce."""
 import time
 
-import torch.distributed as dist
-
 import grpo
-from hwplace.foundation.trace import WAIT, span
 
 STALL_STEP, STALL_SECONDS = {step}, {seconds}
-
-
-def _waiting(collective, trainer):
-    def wrapper(*args, **kwargs):
-        if trainer.stall_now:  # rank 1 comes late to this step's first all_reduce
-            trainer.stall_now = False
-            time.sleep(STALL_SECONDS)
-        with span(collective.__name__, WAIT):
-            return collective(*args, **kwargs)
-    return wrapper
 
 
 class StalledTrainer(grpo.Trainer):
     def __init__(self, settings):
         super().__init__(settings)
-        self.stall_now = False
-        dist.all_reduce = _waiting(dist.all_reduce, self)  # in this worker's process only
+        zero_grad = self.optimizer.zero_grad
 
-    def step(self, experience, demos, step):
-        self.stall_now = self.rank == 1 and step == STALL_STEP
-        return super().step(experience, demos, step)
+        def late_zero_grad(*args, **kwargs):  # the first thing the step does once it holds its batch
+            if self.stall_now:
+                self.stall_now = False
+                time.sleep(STALL_SECONDS)
+            return zero_grad(*args, **kwargs)
+
+        self.stall_now = False
+        self.optimizer.zero_grad = late_zero_grad
+
+    def step(self, channel, demos):
+        self.stall_now = self.rank == 1 and len(self.history) + 1 == STALL_STEP
+        return super().step(channel, demos)
 
 
 grpo.Trainer = StalledTrainer
@@ -211,7 +204,7 @@ def stall_run(args: argparse.Namespace, folder: Path) -> None:
     """The GRPO example with a trainer rank that stalls once: where the stall shows among the waits."""
     stalled = folder / "stalled"
     stalled.mkdir()
-    for name in ("grpo.py", "policy.py", "report.py"):
+    for name in ("grpo.py", "trainer.py", "resilience.py", "policy.py", "report.py"):
         shutil.copy(EXAMPLE / name, stalled / name)
     stall_step = max(2, args.steps // 2)
     (stalled / "stalled.py").write_text(STALLED.format(step=stall_step, seconds=args.stall))
@@ -232,6 +225,11 @@ def stall_run(args: argparse.Namespace, folder: Path) -> None:
     print("  and of the whole trace (hwplace report):")
     for duration, _, key, name, wait_args in summary.waits[:args.top]:
         print(f"    {duration / 1e3:8.1f} ms  {summary.worker(key):<16} {name:<14} {wait_args or ''}")
+    top = summary.waits[0] if summary.waits else None
+    found = top is not None and summary.worker(top[2]) == "trainer rank 0" and top[3] == "all_reduce" \
+        and top[0] >= 0.9 * args.stall * 1e6
+    print(f"  the stall is the top wait of hwplace report (trainer rank 0's all_reduce, at least "
+          f"{0.9 * args.stall * 1e3:.0f} ms): {'yes' if found else 'no'}")
     if args.keep:
         for path in folder.glob("*.trace.json"):
             shutil.copy(path, Path(args.keep) / path.name)

@@ -42,6 +42,7 @@ from hwplace.foundation.errors import (
     WorkerError,
 )
 from hwplace.foundation.sizes import parse_size
+from hwplace.foundation.trace import user_span as span
 from hwplace.foundation.version import __version__
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
@@ -70,8 +71,8 @@ hookimpl = pluggy.HookimplMarker("hwplace")
 __all__ = [
     "CallCancelled",
     "Channel",
-    "ChannelContents",
     "ChannelClosed",
+    "ChannelContents",
     "ChannelEmpty",
     "ChannelFull",
     "ChannelHandle",
@@ -132,5 +133,6 @@ __all__ = [
     "predict",
     "run_job",
     "search_placements",
+    "span",
     "testing",
 ]

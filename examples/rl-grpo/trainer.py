@@ -60,8 +60,9 @@ class Trainer(hwplace.Worker):
         self.sync = sync
         self.collective.form(0)
         with self.turn():
-            for param in self.params:
-                dist.broadcast(param.data, src=0)
+            with hwplace.span("broadcast"):  # a wait on the timeline (hwplace run --trace): blocked on rank 0
+                for param in self.params:
+                    dist.broadcast(param.data, src=0)
             self._publish(first=True)
         return self.version, self.offset
 
@@ -157,7 +158,8 @@ class Trainer(hwplace.Worker):
         with self.turn():  # colocated with a rollout rank: hwplace calls offload/onload around turns
             entered = time.monotonic()
             everyone: list[Any] = [None] * self.world_size  # every rank records the whole step:
-            dist.all_gather_object(everyone, ([g["id"] for g in batch], self.reposing, len(again), self.seen))
+            with hwplace.span("all_gather"):
+                dist.all_gather_object(everyone, ([g["id"] for g in batch], self.reposing, len(again), self.seen))
             self.optimizer.zero_grad()
             answer_tokens = sum(len(a) for g in batch for a in g["answers"])
             demo_tokens = sum(len(d["answer"]) for d in shown)
@@ -178,7 +180,8 @@ class Trainer(hwplace.Worker):
             start = time.perf_counter()
             grads = torch.cat([p.grad.flatten() if p.grad is not None else torch.zeros_like(p).flatten()
                                for p in self.params])
-            dist.all_reduce(grads)  # sum over ranks, then the mean; past this, every rank's batch is in the step
+            with hwplace.span("all_reduce", op="sum"):  # past this, every rank's batch is in the step
+                dist.all_reduce(grads)  # the sum over ranks, then the mean
             grads /= self.world_size
             offset = 0
             for p in self.params:
@@ -200,8 +203,9 @@ class Trainer(hwplace.Worker):
                     self.firsts[process, attempt] = (made, version)
             weights = torch.cat([p.detach().flatten() for p in self.params])
             low, high = weights.clone(), weights.clone()
-            dist.all_reduce(low, op=dist.ReduceOp.MIN)
-            dist.all_reduce(high, op=dist.ReduceOp.MAX)
+            with hwplace.span("all_reduce", op="min, max"):
+                dist.all_reduce(low, op=dist.ReduceOp.MIN)
+                dist.all_reduce(high, op=dist.ReduceOp.MAX)
             if not torch.equal(low, high):
                 raise RuntimeError(f"after step {len(self.history)} the ranks' weights differ by up to "
                                    f"{(high - low).abs().max().item():.3g}")

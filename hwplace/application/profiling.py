@@ -27,7 +27,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hwplace.application.trace_report import CONSTRUCTOR, Intervals, length, subtract, union
+from hwplace.application.trace_report import Intervals, constructors, launching, length, subtract, union
 from hwplace.config.resources import OFFLOADED, RESERVED_PHASES, ComponentResources
 from hwplace.foundation.trace import CALL, IDLE, MEMORY, SYNC, WAIT
 
@@ -44,9 +44,10 @@ def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResourc
     tracks: Mapping[str, Mapping[str, Any]] = trace["otherData"]["hwplace"]["tracks"]
     events: dict[tuple[str, int], list[Mapping[str, Any]]] = defaultdict(list)
     devices: dict[str, int] = {}
+    launches = constructors(trace["traceEvents"])
     for event in trace["traceEvents"]:
         owner = tracks.get(f"{event.get('pid')}:{event.get('tid')}")
-        if event.get("ph") == "X" and owner is not None and event["name"] != CONSTRUCTOR:
+        if event.get("ph") == "X" and owner is not None and not launching(event, launches):
             events[owner["group"], owner["rank"]].append(event)
     for owner in tracks.values():
         held = [d for d in owner.get("devices", []) if node_type is None or not d.startswith(f"{node_type} ")]

@@ -7,7 +7,8 @@ A worker computes while it is inside a group call (a ``call`` span) and not wait
 channel, a turn, a weight version); a device is busy while any worker holding it computes. A stage is a group call
 of a component (``trainer.step``), its time the union of that call's spans over the component's ranks; a device's
 idle share in a stage is the part of the stage's time the device is not busy. ``whole run`` is the time from the
-first group call after the constructors (``__init__``, which are in the trace but no stage) to the last span.
+first group call after the constructors (``__init__``, which are in the trace but no stage, nor are the spans inside
+them: a constructor's collective) to the last span.
 Imports the layers below.
 """
 
@@ -74,6 +75,24 @@ def length(intervals: Intervals) -> float:
     return sum(end - start for start, end in intervals)
 
 
+def constructors(events: Iterable[Mapping[str, Any]]) -> dict[str, Intervals]:
+    """Per track (``pid:tid``), the spans of its constructors (``__init__``)."""
+    found: dict[str, Intervals] = defaultdict(list)
+    for event in events:
+        if event.get("ph") == "X" and event["name"] == CONSTRUCTOR and event.get("cat") == CALL:
+            found[f"{event.get('pid')}:{event.get('tid')}"].append((event["ts"], event["ts"] + event["dur"]))
+    return found
+
+
+def launching(event: Mapping[str, Any], launches: Mapping[str, Intervals]) -> bool:
+    """Whether ``event`` is a constructor or lies inside one on its track (a collective the constructor waits in,
+    say): part of launching the worker, not of the run."""
+    if event["name"] == CONSTRUCTOR:
+        return True
+    start, end = event["ts"], event["ts"] + event["dur"]
+    return any(low <= start and end <= high for low, high in launches.get(f"{event.get('pid')}:{event.get('tid')}", ()))
+
+
 class TraceSummary:
     """The numbers ``hwplace report`` prints, worked out once from a merged trace (times in microseconds)."""
 
@@ -84,12 +103,13 @@ class TraceSummary:
         stage_spans: dict[str, Intervals] = defaultdict(list)
         self.waits: list[tuple[float, float, str, str, Mapping[str, Any]]] = []  # dur, start, track, name, args
         first, last = float("inf"), float("-inf")
+        launches = constructors(trace["traceEvents"])
         for event in trace["traceEvents"]:
             key = f"{event.get('pid')}:{event.get('tid')}"
             if event.get("ph") != "X" or key not in tracks:
                 continue
             start, end = event["ts"], event["ts"] + event["dur"]
-            if event["name"] == CONSTRUCTOR:  # launching: not part of the run's steps
+            if launching(event, launches):  # a constructor and what it waited in: not part of the run's steps
                 continue
             spans[key][event.get("cat", "")].append((start, end))
             if event.get("cat") == IDLE:  # between calls: no part of the run's window

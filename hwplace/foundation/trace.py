@@ -14,8 +14,9 @@ A line is either the process's track (``{"track": {...}}``: who it is, written f
 Categories: ``call`` (a group call, named after the method), ``wait`` (blocked on a channel, a turn or a
 weight version), ``turn`` (holding a turn), ``memory`` (offload and onload), ``sync`` (weight publish and
 apply), ``idle`` (``between calls``: no group call running, from the end of the last to the start of the next,
-so the driver's own time between calls shows on the worker's track too). Imports nothing of hwplace; torch only
-when it is already imported (peak memory of CUDA calls).
+so the driver's own time between calls shows on the worker's track too). :func:`user_span` is ``hwplace.span``:
+the same span for a job's own code, in the categories a job may record (a collective as a ``wait``). Imports
+:mod:`hwplace.foundation.errors`; torch only when it is already imported (peak memory of CUDA calls).
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from hwplace.foundation.errors import ConfigError
+
 CALL, WAIT, TURN, MEMORY, SYNC, IDLE = "call", "wait", "turn", "memory", "sync", "idle"
 CATEGORIES = (CALL, WAIT, TURN, MEMORY, SYNC, IDLE)
 BETWEEN_CALLS = "between calls"  # the idle span from the end of a worker's calls to the start of its next one
+USER_CATEGORIES = (WAIT, SYNC, MEMORY)  # what a job's own spans may be: the rest is the runtime's to record
 FLUSH_AT = 4096  # spans buffered before they are written, whatever the calls do
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -136,6 +140,23 @@ _OFF = contextlib.nullcontext(_Unrecorded())
 def span(name: str, category: str = CALL, **args: Any) -> contextlib.AbstractContextManager[Any]:
     """``with span("get", "wait", channel="prompts") as s:`` records the block on this thread's track, when tracing;
     ``s.args`` (a dict) takes more notes for the span until the block ends."""
+    recorder = _active
+    if recorder is None:
+        return _OFF
+    return _Span(recorder, name, category, args)
+
+
+def user_span(name: str, category: str = WAIT, **args: Any) -> contextlib.AbstractContextManager[Any]:
+    """``hwplace.span``: ``with hwplace.span("all_reduce"):`` marks a block of a worker's code on its track (a
+    ``wait`` by default: a collective, blocked on its peers; or ``sync``, ``memory``). Like :func:`span`, one flag
+    check while tracing is off; a name that is not a non-empty string, or another category, is a ``ConfigError``."""
+    if category not in USER_CATEGORIES:
+        raise ConfigError("hwplace.span: category", "is not a category a job's span may have", value=category,
+                          allowed=f"one of {', '.join(map(repr, USER_CATEGORIES))} (a group call's own span, its "
+                                  "turns and the time between calls are recorded by hwplace)")
+    if not isinstance(name, str) or not name:
+        raise ConfigError("hwplace.span: name", "is not a name for a span", value=name,
+                          allowed="a non-empty string, such as 'all_reduce'")
     recorder = _active
     if recorder is None:
         return _OFF

@@ -56,6 +56,18 @@ def test_a_point_per_component_with_the_work_per_step_of_its_stages(tmp_path: Pa
     assert "placement" not in point
 
 
+def test_a_loop_started_after_a_long_launch_is_a_stage_whatever_the_constructors_waited_in(tmp_path: Path) -> None:
+    # the trainer's constructor waits 10 s in a collective while the others launch; the rollout's loop runs through
+    # the 300 ms of the run all the same
+    write_worker(tmp_path, "trainer", 0, [("__init__", "call", -10_100, -50), ("broadcast", "wait", -10_000, -100),
+                                          *trainer(0, 20)[2:]], devices=["fake-accelerator 1"])
+    write_worker(tmp_path, "rollout", 0, [("generate", "call", 0, 300), ("weights.latest", "wait", 0, 120)],
+                 devices=["fake-accelerator 0"])
+    profile = build_profile(merge(tmp_path))
+    assert profile["components"]["rollout"]["points"][0]["stages"] == {"generate": {"seconds": pytest.approx(0.06)}}
+    assert profile["components"]["trainer"]["points"][0]["stages"] == {"step": {"seconds": pytest.approx(0.073)}}
+
+
 def test_memory_measured_wins_over_declared_which_fills_in(tmp_path: Path) -> None:
     write_worker(tmp_path, "trainer", 0, [("step", "call", 0, 10, {"peak_memory_bytes": 5 * GIB}),
                                           ("step", "call", 10, 20, {"peak_memory_bytes": 7 * GIB}),

@@ -73,6 +73,16 @@ def test_constructors_are_no_stage_and_gaps_between_calls_are_uncovered(tmp_path
     assert summary.coverage() == {"trainer rank 0": pytest.approx(280 / 300)}
 
 
+def test_what_a_constructor_waits_in_is_launching_not_the_run(tmp_path: Path) -> None:
+    # a constructor's collective (hwplace.span("broadcast") in __init__) is part of the launch, as its constructor is
+    write_worker(tmp_path, "trainer", 0, [("__init__", "call", 0, 1000), ("broadcast", "wait", 100, 900),
+                                          ("step", "call", 2000, 2100), ("all_reduce", "wait", 2050, 2060)],
+                 devices=["fake-accelerator 0"])
+    summary = TraceSummary(merge(tmp_path))
+    assert summary.window == [(2_000_000, 2_100_000)]
+    assert [wait[3] for wait in summary.waits] == ["all_reduce"]
+
+
 def test_the_command_reads_the_file_and_names_what_is_wrong_with_it(tmp_path: Path) -> None:
     trace_file = tmp_path / "trace.json"
     trace_file.write_text(json.dumps(stalled_job(tmp_path)))

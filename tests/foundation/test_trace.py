@@ -4,6 +4,7 @@ ends, with its thread named, its arguments and the process's track first."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,9 @@ from typing import Any
 
 import pytest
 
+import hwplace
 from hwplace.foundation import trace
+from hwplace.foundation.errors import ConfigError
 
 TRACK = {"group": "trainer", "rank": 1, "node": 0, "devices": ["fake-accelerator 2"]}
 
@@ -179,3 +182,34 @@ def test_the_time_between_calls_is_an_idle_span_that_joins_them(tmp_path: Path) 
     for before, idle, after in ((found[0], found[1], found[3]), (found[3], found[4], found[5])):
         assert idle["ts"] == before["ts"] + before["d"]
         assert idle["ts"] + idle["d"] == after["ts"]
+
+
+def test_hwplace_span_is_a_job_s_own_span_a_wait_unless_told(tmp_path: Path) -> None:
+    assert hwplace.span is trace.user_span
+    assert trace.user_span("all_reduce") is trace.span("get", trace.WAIT)  # off: the shared no-op
+    trace.start(str(tmp_path), TRACK)
+    with trace.call_span("step"):
+        with trace.user_span("all_reduce", op="sum"), trace.user_span("publish", trace.SYNC) as publishing:
+            publishing.args["bytes"] = 8
+        with trace.user_span("stash", trace.MEMORY):
+            pass
+    assert [(s["n"], s["c"], s.get("a")) for s in spans(tmp_path)] == [
+        ("publish", "sync", {"bytes": 8}), ("all_reduce", "wait", {"op": "sum"}), ("stash", "memory", None),
+        ("step", "call", None)]
+
+
+@pytest.mark.parametrize(("name", "category", "words"), [
+    ("forward", trace.CALL, "hwplace.span: category: is not a category a job's span may have (got 'call'); one of "
+                            "'wait', 'sync', 'memory'"),
+    ("turn", trace.TURN, "(got 'turn')"),
+    ("x", "Wait", "(got 'Wait')"),
+    ("", trace.WAIT, "hwplace.span: name: is not a name for a span (got ''); a non-empty string"),
+    (None, trace.WAIT, "hwplace.span: name: is not a name for a span; a non-empty string"),
+])
+def test_hwplace_span_refuses_the_runtime_s_categories_and_a_nameless_span(name: Any, category: str, words: str,
+                                                                            tmp_path: Path) -> None:
+    for recording in (False, True):  # refused whether tracing is on or off: a mistake shows before a traced run
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            trace.user_span(name, category)
+        if not recording:
+            trace.start(str(tmp_path), TRACK)
