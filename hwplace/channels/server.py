@@ -14,6 +14,7 @@ import struct
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
+from hwplace.channels import lane
 from hwplace.channels.queues import Status, Ticket, WeightedQueues
 from hwplace.channels.wire import (
     ACK,
@@ -32,6 +33,8 @@ from hwplace.channels.wire import (
     GET_NOWAIT_HELD,
     HELD_GETS,
     HELLO,
+    LANE,
+    LANE_READ,
     LENGTH,
     MAX_FRAME,
     MAX_HELLO,
@@ -85,6 +88,9 @@ class ChannelServer:
 
     def drop(self, payloads: Iterable[Any]) -> None:
         for payload in payloads:
+            if payload[:1] == LANE:
+                lane.release(payload)  # its producer may reuse its slot
+                continue
             key = reference_key(payload)
             if key is not None and self._on_drop is not None:
                 self._on_drop(key)
@@ -188,6 +194,10 @@ class _Connection(asyncio.Protocol):
         if op in (EXPORT, RESTORE):
             self._snapshot(op, rid, queue, payload)
             return
+        if op == LANE_READ:  # a same-node lane item, by value, for a reader off its node (the host is on it)
+            value = lane.inline_of(payload, taken=number == 1.0) if payload[:1] == LANE else None
+            self.reply(rid, Status.OK if value is not None else BAD_REQUEST, value or b"the item's slot is gone")
+            return
         if op >= GET_HELD:  # items held until acknowledged: apart, so that plain requests pay nothing for them
             self._held(op, rid, queue, number, timeout, tag, payload)
             return
@@ -251,7 +261,7 @@ class _Connection(asyncio.Protocol):
             if queues.closed:
                 self.reply(rid, Status.CLOSED, None)
             else:
-                self.reply(rid, Status.OK, [join_queue(name, [item for item, _, _ in entries])
+                self.reply(rid, Status.OK, [join_queue(name, [_copied(item) for item, _, _ in entries])
                                             for name, entries in queues.export().items()])
             return
         try:
@@ -342,6 +352,11 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and self.out:
             self.transport.writelines(self.out)
         self.out = []
+
+
+def _copied(payload: bytes) -> bytes:
+    """A payload as a snapshot keeps it: a same-node lane item by value (its slot may be reused once it is got)."""
+    return (lane.inline_of(payload) or payload) if payload[:1] == LANE else payload
 
 
 def _entries(payloads: list[tuple[bytes, float, int]]) -> list[tuple[bytes, float, int | None]]:

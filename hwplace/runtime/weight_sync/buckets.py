@@ -216,10 +216,21 @@ def rebuilt(tensor: Any, kind: str, requires_grad: bool) -> Any:
     return tensor.requires_grad_(True) if requires_grad else tensor
 
 
-def pack(state_dict: Mapping[str, Any], bucket_bytes: int) -> tuple[list[Entry], Iterator[tuple[Any, str]]]:
-    """The entries of ``state_dict`` and an iterator over its buckets with their digests, filled one at a time."""
+class Packed:
+    """A state dict's buckets, filled one at a time: iterated, each with its digest; :attr:`raw`, without (for a
+    writer that hashes each bucket as it copies it, in one pass over memory)."""
+
+    def __init__(self, raw: Iterator[Any]) -> None:
+        self.raw = raw
+
+    def __iter__(self) -> Iterator[tuple[Any, str]]:
+        return digested(self.raw)
+
+
+def pack(state_dict: Mapping[str, Any], bucket_bytes: int) -> tuple[list[Entry], Packed]:
+    """The entries of ``state_dict`` and its buckets with their digests (:class:`Packed`), filled one at a time."""
     entries, raw = pack_raw(state_dict, bucket_bytes)
-    return entries, digested(raw)
+    return entries, Packed(raw)
 
 
 def digested(buckets: Iterator[Any]) -> Iterator[tuple[Any, str]]:

@@ -21,7 +21,7 @@ segments and links modules.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -30,10 +30,10 @@ from hwplace.runtime.messaging.communicator import torch_module
 from hwplace.runtime.weight_sync.buckets import (
     INLINE_BYTES,
     Entry,
+    Packed,
     Weights,
     check,
-    digested,
-    pack_raw,
+    pack,
     sizes,
     unpack,
 )
@@ -119,17 +119,19 @@ class SameNode:
         self.reader = SegmentReader()
 
     def lay_down(self, version: int, entries: Sequence[Entry], lengths: Sequence[int],
-                 buckets: Iterator[Any], node: bool, keep: bool) -> tuple[Announcement, list[Any]]:
-        """The node's copy of a version (``buckets``: without their digests, :func:`pack_raw`): in a segment when
-        ``node`` (targets on this node) and it is large, each bucket hashed as it is copied there, else copies of
-        its buckets (in the announcement when ``node``); returns the announcement and, when ``keep``, the buckets
-        as laid down (for :class:`OtherNode` to send on)."""
+                 buckets: Iterable[tuple[Any, str]], node: bool, keep: bool) -> tuple[Announcement, list[Any]]:
+        """The node's copy of a version: in a segment when ``node`` (targets on this node) and it is large (the
+        buckets of :func:`pack` hashed as they are copied there, in one pass), else copies of its buckets (in the
+        announcement when ``node``); returns the announcement and, when ``keep``, the buckets as laid down (for
+        :class:`OtherNode` to send on)."""
         if node and sum(lengths) > ANNOUNCED_BYTES:
             self.segments = self.segments or SegmentPool(self.uid)
-            segment, digests = self.segments.write(version, lengths, ((bucket, None) for bucket in buckets))
+            given: Iterable[tuple[Any, str | None]] = \
+                ((bucket, None) for bucket in buckets.raw) if isinstance(buckets, Packed) else buckets
+            segment, digests = self.segments.write(version, lengths, given)
             copies = self.segments.views(segment) if keep else []
             return Announcement(version, segment, tuple(entries), tuple(digests), tuple(lengths)), copies
-        pairs = [(bucket.copy(), digest) for bucket, digest in digested(buckets)]
+        pairs = [(bucket.copy(), digest) for bucket, digest in buckets]
         copies = [b for b, _ in pairs]
         inline = InlineVersion(tuple(b.tobytes() for b in copies) if node else ())
         return Announcement(version, inline, tuple(entries), tuple(d for _, d in pairs), tuple(lengths)), copies
@@ -251,10 +253,10 @@ class Source:
         to_node, to_other = bool(node) or SAME_NODE in standby, bool(other) or OTHER_NODE in standby
         if not to_node and not to_other:
             return
-        entries, buckets = pack_raw(state_dict, self.bucket_bytes)
+        entries, buckets = pack(state_dict, self.bucket_bytes)
         lengths = sizes(entries)
         if not to_node and OTHER_NODE not in standby and all(link.connected for link in other):
-            OtherNode.stream(other, version, entries, lengths, digested(buckets))  # from the tensors: none kept
+            OtherNode.stream(other, version, entries, lengths, iter(buckets))  # straight from the tensors: none kept
             return
         note, copies = self.same_node.lay_down(version, entries, lengths, buckets, to_node, to_other)
         if to_node:
