@@ -23,6 +23,7 @@ from hwplace.channels.wire import (
     CANCEL,
     CLOSE,
     COMPLETED,
+    COPIED,
     COUNTS,
     EXPORT,
     GET,
@@ -355,8 +356,12 @@ class _Connection(asyncio.Protocol):
 
 
 def _copied(payload: bytes) -> bytes:
-    """A payload as a snapshot keeps it: a same-node lane item by value (its slot may be reused once it is got)."""
-    return (lane.inline_of(payload) or payload) if payload[:1] == LANE else payload
+    """A payload as a snapshot gets it: a same-node lane item by value (its slot may be reused once it is got),
+    marked ``COPIED``; one whose slot is gone as it is (reading it then says the item was lost)."""
+    if payload[:1] != LANE:
+        return payload
+    value = lane.inline_of(payload)
+    return payload if value is None else COPIED + value
 
 
 def _entries(payloads: list[tuple[bytes, float, int]]) -> list[tuple[bytes, float, int | None]]:

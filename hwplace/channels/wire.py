@@ -58,6 +58,7 @@ LANE_READ = 22
 _HOLD = struct.Struct("!Q")
 TRAILER = struct.Struct("!dq")  # the end of every payload: its weight and version (< 0: none), for a REQUEUE
 INLINE, BY_REFERENCE, LANE = b"\x00", b"\x01", b"\x02"  # the first byte of a payload (lane: hwplace.channels.lane)
+COPIED = b"\x03"  # in an EXPORT reply only: a lane item by value (an inline payload follows), as the host read it
 KEY_SIZE = 16
 
 

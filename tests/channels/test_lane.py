@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import hwplace
-from hwplace.channels import lane, wire
-from hwplace.channels.snapshot import export_channel
+from hwplace.channels import lane
+from hwplace.channels.snapshot import Stored, export_channel
 from hwplace.executor import ChannelAddress, ObjectStore
 
 pytestmark = pytest.mark.time_limit(60)
@@ -220,10 +220,9 @@ def test_a_snapshot_holds_lane_items_by_value(channel: hwplace.Channel) -> None:
     channel.put(array(10))
     [kept] = contents.items()
     assert int(kept[0]) == int(kept[-1]) == 9
-    payload = contents.queues["default"][0]
-    assert isinstance(payload, bytes)
-    assert payload[:1] == wire.INLINE
-    assert wire.TRAILER.unpack_from(payload, len(payload) - wire.TRAILER.size) == (2.0, 4)
+    stored = contents.queues["default"][0]
+    assert isinstance(stored, Stored)
+    assert (stored.weight, stored.version) == (2.0, 4)
 
 
 def test_an_item_whose_producer_is_gone_is_a_channel_lost(channel: hwplace.Channel) -> None:
