@@ -39,7 +39,7 @@ from hwplace.foundation.errors import ChannelLost
 
 LANE_BYTES = 1 << 20
 """Items whose out-of-band buffers total at least this many bytes go by the lane (when it is open to them)."""
-LANE_MAX = 4 << 30
+LANE_MAX = 1 << 30
 """The most shared memory a producer keeps in its slots; an item that would need more goes by the object store."""
 KEEP = 64  # a consumer keeps its mappings of this many slots (the most recently read)
 HEADER = 64
