@@ -26,7 +26,6 @@ from hwplace.foundation.errors import (
     ChannelClosed,
     ChannelEmpty,
     ChannelFull,
-    ChannelLost,
     ChannelTimeout,
     ConfigError,
     HwplaceError,
@@ -141,7 +140,7 @@ def decode(payloads: Sequence[bytearray], store: ObjectStore, keep: bool = False
             if bytes(payload[1 : 1 + 16]) == lane.node_key(store.node()):
                 items[index] = lane.READER.load(payload, describe, outright=not keep)
                 continue
-            payload = _by_value(payload, connection, keep, describe)
+            payload = lane.by_value(payload, connection, keep, describe)
         view = memoryview(payload)
         (count,) = _BUFFERS.unpack_from(view, 1)
         offset = 1 + _BUFFERS.size + count * _BUFFER.size
@@ -159,17 +158,6 @@ def decode(payloads: Sequence[bytearray], store: ObjectStore, keep: bool = False
             items[index] = item
     return items
 
-
-
-def _by_value(payload: bytearray, connection: wire.Connection | None, keep: bool, describe: str) -> bytearray:
-    """A lane item got off its producer's node: the inline payload the host reads from its slot."""
-    if connection is None:
-        raise ChannelLost(f"{describe}: an item in another node's shared memory cannot be read here")
-    status, data = connection.request(wire.LANE_READ, 0.0 if keep else 1.0, None, b"", bytes(payload)).result()
-    if status != Status.OK:
-        raise ChannelLost(f"{describe}: an item put through the same-node lane was lost with the process that put "
-                          "it")
-    return data
 
 
 def _ack_of(value: Any) -> bool:

@@ -17,7 +17,8 @@ held until acknowledged stays ``QUEUED`` while its taker lives, and when the tak
 payload out again, the item intact. A consumer on another node (one that began reading after the producer chose
 the lane) gets the item by value from the host, which runs on the producer's node (:func:`inline_of`); so does a
 snapshot (its copy holds the item itself). Like an item in Ray's store, an item whose producer died before it
-was read is lost (a ``ChannelLost``). Imports the foundation and :mod:`hwplace.channels.wire`; numpy on first use.
+was read is lost (a ``ChannelLost``). Imports the foundation, :mod:`hwplace.channels.wire` and the queues' ``Status``;
+numpy on first use.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hwplace.channels import wire
+from hwplace.channels.queues import Status
 from hwplace.foundation.errors import ChannelLost
 
 LANE_BYTES = 1 << 20
@@ -296,6 +298,18 @@ def release(payload: bytes | bytearray) -> None:
         if magic == MAGIC and held == generation:
             os.pwrite(opened, STAMP.pack(MAGIC, generation, TAKEN), 0)
     os.close(opened)
+
+
+def by_value(payload: bytearray, connection: wire.Connection | None, keep: bool, describe: str) -> bytearray:
+    """A consumer off the producer's node: the lane item's inline payload, which the host reads from its slot
+    (``keep``: held until acknowledged, so the item stays in the channel)."""
+    if connection is None:
+        raise ChannelLost(f"{describe}: an item in another node's shared memory cannot be read here")
+    status, data = connection.request(wire.LANE_READ, 0.0 if keep else 1.0, None, b"", bytes(payload)).result()
+    if status != Status.OK:
+        raise ChannelLost(f"{describe}: an item put through the same-node lane was lost with the process that put "
+                          "it")
+    return data
 
 
 def _try_lock(fd: int, kind: int) -> bool:
