@@ -98,7 +98,7 @@ def encode(item: Any, store: ObjectStore, weight: float = 0.0, version: int | No
     then its weight and version (so that a get whose caller was interrupted can put it back as it was)."""
     trailer = wire.TRAILER.pack(weight, wire.NO_VERSION if version is None else version)
     size = _size_hint(item)
-    if lane_node and size >= lane.LANE_BYTES:
+    if lane_node and size >= lane.LANE_BYTES and type(item).__module__.partition(".")[0] == "numpy":
         out_of_band: list[pickle.PickleBuffer] = []
         data = _dumps(item, store, out_of_band.append)
         raws = [b.raw() for b in out_of_band]
