@@ -7,12 +7,15 @@ timing includes making them. Each figure is the median of ``--repeat`` runs, the
 
 Weight sync of 1, 10 and 100 MB to two rollout ranks (the trainer's rank 0 publishes, both ranks wait for
 that version with ``latest(min_version=v)`` and read a value of it):
-- one node (trainer and both rollout ranks on node 0): against one ``ray.put`` of the same arrays in the trainer
-  plus a ``ray.get`` on each rank (target: at most 2x), and against relaying through the driver (target: hwplace
-  at least 3x faster), two ways: "driver relay (numpy)" returns numpy views of the tensors, which Ray maps from
-  its object store without a copy at every hop (a relay few users write); "driver relay (torch)" is what an RL
-  user writes: the trainer's method returns its state dict of torch tensors, the driver gets it and passes it
-  to the rollout ranks' method (each tensor pickled with its bytes at every hop);
+- one node (trainer and both rollout ranks on node 0): against one copy of the state dict in the trainer (torch
+  ``copy_`` into tensors made before, timed in the worker: the floor, as a same-node sync needs one write by the
+  source and an in-place read by each target; target at 100 MB: at most 2x), against one ``ray.put`` of the same
+  arrays in the trainer plus a ``ray.get`` on each rank (target: at most 1.2x at 1 MB), and against relaying
+  through the driver (target: hwplace at least 3x faster), two ways: "driver relay (numpy)" returns numpy views
+  of the tensors, which Ray maps from its object store without a copy at every hop (a relay few users write);
+  "driver relay (torch)" is what an RL user writes: the trainer's method returns its state dict of torch
+  tensors, the driver gets it and passes it to the rollout ranks' method (each tensor pickled with its bytes at
+  every hop);
 - two nodes (trainer on node 0, both rollout ranks on node 1): against a bare gloo broadcast of the same bytes
   (one flat uint8 tensor) between the same three processes (target: at most 1.3x).
 
@@ -45,6 +48,7 @@ from hwplace.runtime.messaging.communicator import connect, find_entry
 from hwplace.testing import local_ray_cluster
 
 MB = 10**6
+MEMCPY = "one memcpy (in worker)"
 
 
 def state_dict(megabytes: int) -> dict[str, torch.Tensor]:
@@ -55,6 +59,7 @@ def state_dict(megabytes: int) -> dict[str, torch.Tensor]:
 class Bench(hwplace.Worker):
     def __init__(self) -> None:
         self.states: dict[int, dict[str, torch.Tensor]] = {}
+        self.copies: dict[int, dict[str, torch.Tensor]] = {}
         self.pg: Any = None
 
     def prepare(self, megabytes: int) -> None:
@@ -66,6 +71,14 @@ class Bench(hwplace.Worker):
     def wait_version(self, sync: hwplace.WeightSync, version: int) -> int:
         weights = sync.latest(min_version=version, timeout=300)
         return int(float(weights.tensors["layer3.weight"][-1]))
+
+    def memcpy(self, megabytes: int) -> float:
+        """Seconds one copy of the state dict takes in this worker (torch ``copy_`` into tensors made before)."""
+        into = self.copies.setdefault(megabytes, {k: torch.empty_like(v) for k, v in self.states[megabytes].items()})
+        begin = time.perf_counter()
+        for name, tensor in self.states[megabytes].items():
+            into[name].copy_(tensor)
+        return time.perf_counter() - begin
 
     def put(self, megabytes: int) -> list[Any]:
         return [ray.put({k: v.numpy() for k, v in self.states[megabytes].items()})]
@@ -186,7 +199,10 @@ def weight_sync_rows(cluster: hwplace.Cluster, nodes: list[int], sizes: list[int
                       "gloo broadcast": bcast}
             order = ["hwplace", *baselines] if attempt % 2 else [*baselines, "hwplace"]
             for system in order:
-                seconds = timed(ours if system == "hwplace" else chosen[system])
+                if system == MEMCPY:
+                    [seconds] = trainer.memcpy(megabytes).wait(timeout=120)
+                else:
+                    seconds = timed(ours if system == "hwplace" else chosen[system])
                 if attempt:
                     runs[system].append(seconds)
         mine = median(runs["hwplace"])
@@ -266,7 +282,7 @@ def main() -> None:
         cluster = hwplace.Cluster({"num_nodes": 2})
         if "one-node" in parts:
             weight_sync_rows(cluster, [0, 0], sizes, args.repeat,
-                             ["ray.put + get", "driver relay (numpy)", "driver relay (torch)"])
+                             [MEMCPY, "ray.put + get", "driver relay (numpy)", "driver relay (torch)"])
         if "two-nodes" in parts:
             weight_sync_rows(cluster, [1, 1], sizes, args.repeat, ["gloo broadcast"])
         if "messaging" in parts:

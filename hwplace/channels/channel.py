@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, SupportsFloat, SupportsIndex, overload
 
-from hwplace.channels import wire
+from hwplace.channels import lane, wire
 from hwplace.channels.arguments import check_name, queue_bytes, timeout_of, version_of, weight_of
 from hwplace.channels.handle import ChannelHandle, withdraw
 from hwplace.channels.holds import HeldItems, Taken, not_held
@@ -91,11 +91,22 @@ def _dumps(item: Any, store: ObjectStore, buffer_callback: Callable[[pickle.Pick
     return store.dumps(item, buffer_callback)
 
 
-def encode(item: Any, store: ObjectStore, weight: float = 0.0, version: int | None = None) -> bytes:
-    """A payload: the pickled item inline, or the key of the item stashed in the object store, then its weight
-    and version (so that a get whose caller was interrupted can put it back as it was)."""
+def encode(item: Any, store: ObjectStore, weight: float = 0.0, version: int | None = None,
+           lane_node: str = "") -> bytes:
+    """A payload: the pickled item inline, in this process's shared memory (``lane_node``: this node, when the
+    channel's host runs on it; :mod:`hwplace.channels.lane`), or the key of the item stashed in the object store,
+    then its weight and version (so that a get whose caller was interrupted can put it back as it was)."""
     trailer = wire.TRAILER.pack(weight, wire.NO_VERSION if version is None else version)
-    if _size_hint(item) < INLINE_LIMIT:
+    size = _size_hint(item)
+    if lane_node and size >= lane.LANE_BYTES and type(item).__module__.partition(".")[0] == "numpy":
+        out_of_band: list[pickle.PickleBuffer] = []
+        data = _dumps(item, store, out_of_band.append)
+        raws = [b.raw() for b in out_of_band]
+        if sum(r.nbytes for r in raws) >= lane.LANE_BYTES:
+            head = lane.SLOTS.put(lane_node, data, raws)
+            if head is not None:
+                return head + trailer
+    if size < INLINE_LIMIT:
         buffers: list[pickle.PickleBuffer] = []
         data = _dumps(item, store, buffers.append)
         raws = [b.raw() for b in buffers]
@@ -113,9 +124,11 @@ def _size_hint(item: Any) -> int:
     return len(item) if isinstance(item, bytes | bytearray) else 0
 
 
-def decode(payloads: Sequence[bytearray], store: ObjectStore, keep: bool = False) -> list[Any]:
+def decode(payloads: Sequence[bytearray], store: ObjectStore, keep: bool = False,
+           connection: wire.Connection | None = None, describe: str = "the channel") -> list[Any]:
     """The items of payloads, in order; those stashed by reference are fetched together (``keep``: left with
-    the host, for items held until acknowledged, which may be taken again)."""
+    the host, for items held until acknowledged, which may be taken again). A same-node lane item is read in place
+    on its node, else asked of the host (through ``connection``) by value."""
     items: list[Any] = [None] * len(payloads)
     stashed: list[tuple[int, bytes]] = []
     for index, payload in enumerate(payloads):
@@ -123,6 +136,11 @@ def decode(payloads: Sequence[bytearray], store: ObjectStore, keep: bool = False
         if key is not None:
             stashed.append((index, key))
             continue
+        if payload[:1] == wire.LANE:
+            if bytes(payload[1 : 1 + 16]) == lane.node_key(store.node()):
+                items[index] = lane.READER.load(payload, describe, outright=not keep)
+                continue
+            payload = lane.by_value(payload, connection, keep, describe)
         view = memoryview(payload)
         (count,) = _BUFFERS.unpack_from(view, 1)
         offset = 1 + _BUFFERS.size + count * _BUFFER.size
@@ -216,6 +234,11 @@ class Channel:
         bound = f", maxsize={self.maxsize}" if self.maxsize else ""
         return f"<Channel {self.name!r} on {self.where}{bound}>"
 
+    def _lane_node(self) -> str:
+        """This node's id when the channel's host runs on it (large items then go by the same-node lane), else ""."""
+        node = self._address.node
+        return node if node and self._address.store.node() == node else ""
+
     def _call(self, op: int, what: str, queue_name: str, number: float = 0.0, timeout: float | None = None,
               payload: bytes = b"", async_op: bool = False, version: int | None = None, ack: Any = None) -> Any:
         """Send one request; its result, or (``async_op``) a handle on it. ``ack``: what it acknowledges."""
@@ -228,26 +251,27 @@ class Channel:
         if holds:
             reply.add_done_callback(lambda done: _acknowledged(done, record, holds))
 
+        where = f"channel {self.name!r}, queue {queue_name!r}"
+
         def finish(status: int, data: bytearray) -> Any:
             if status != Status.OK:
                 raise self._error(what, queue_name, status, timeout, data, len(holds or ()))
             if op in wire.HELD_GETS:
                 parts = wire.split_batch(data)
                 taken, payloads = wire.unpack_holds(parts[0])[0], parts[1:]
-                items = decode(payloads, self._address.store, keep=True)
+                items = decode(payloads, self._address.store, True, connection, where)
                 record.add(taken, items, queue, payloads)
                 return items[0] if what == "get" else Taken(items, taken, record)
             if what == "get":
-                return decode([data], self._address.store)[0]
+                return decode([data], self._address.store, False, connection, where)[0]
             if what == "get_batch":
-                return decode(wire.split_batch(data), self._address.store)
+                return decode(wire.split_batch(data), self._address.store, False, connection, where)
             if what == "qsize":
                 return wire.COUNTS.unpack(data)
             if what == "stats":
                 return QueueStats(*wire.STATS_COUNTS.unpack(data))
             return None
 
-        where = f"channel {self.name!r}, queue {queue_name!r}"
         if async_op:
             return ChannelHandle(reply, finish, connection, op, queue, where)
         try:
@@ -300,7 +324,7 @@ class Channel:
         :class:`hwplace.ChannelNotHeld`, and neither happens.
         """
         weight, timeout, version = weight_of(weight, "weight"), timeout_of(timeout), version_of(version, "version")
-        payload = encode(item, self._address.store, weight, version)
+        payload = encode(item, self._address.store, weight, version, self._lane_node())
         return self._call(wire.PUT if ack is None else wire.PUT_ACK, "put",  # type: ignore[no-any-return]
                           queue_name, weight, timeout, payload, async_op, version, ack)
 
@@ -309,7 +333,7 @@ class Channel:
         """Append ``item`` at once; :class:`hwplace.ChannelFull` (a ``queue.Full``) when the queue is full (then
         nothing in ``ack`` is acknowledged either)."""
         weight, version = weight_of(weight, "weight"), version_of(version, "version")
-        payload = encode(item, self._address.store, weight, version)
+        payload = encode(item, self._address.store, weight, version, self._lane_node())
         self._call(wire.PUT_NOWAIT if ack is None else wire.PUT_NOWAIT_ACK, "put_nowait", queue_name, weight, None,
                    payload, version=version, ack=ack)
 

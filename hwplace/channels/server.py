@@ -14,6 +14,7 @@ import struct
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
+from hwplace.channels import lane
 from hwplace.channels.queues import Status, Ticket, WeightedQueues
 from hwplace.channels.wire import (
     ACK,
@@ -22,6 +23,7 @@ from hwplace.channels.wire import (
     CANCEL,
     CLOSE,
     COMPLETED,
+    COPIED,
     COUNTS,
     EXPORT,
     GET,
@@ -32,6 +34,8 @@ from hwplace.channels.wire import (
     GET_NOWAIT_HELD,
     HELD_GETS,
     HELLO,
+    LANE,
+    LANE_READ,
     LENGTH,
     MAX_FRAME,
     MAX_HELLO,
@@ -85,6 +89,9 @@ class ChannelServer:
 
     def drop(self, payloads: Iterable[Any]) -> None:
         for payload in payloads:
+            if payload[:1] == LANE:
+                lane.release(payload)  # its producer may reuse its slot
+                continue
             key = reference_key(payload)
             if key is not None and self._on_drop is not None:
                 self._on_drop(key)
@@ -188,6 +195,10 @@ class _Connection(asyncio.Protocol):
         if op in (EXPORT, RESTORE):
             self._snapshot(op, rid, queue, payload)
             return
+        if op == LANE_READ:  # a same-node lane item, by value, for a reader off its node (the host is on it)
+            value = lane.inline_of(payload, taken=number == 1.0) if payload[:1] == LANE else None
+            self.reply(rid, Status.OK if value is not None else BAD_REQUEST, value or b"the item's slot is gone")
+            return
         if op >= GET_HELD:  # items held until acknowledged: apart, so that plain requests pay nothing for them
             self._held(op, rid, queue, number, timeout, tag, payload)
             return
@@ -251,7 +262,7 @@ class _Connection(asyncio.Protocol):
             if queues.closed:
                 self.reply(rid, Status.CLOSED, None)
             else:
-                self.reply(rid, Status.OK, [join_queue(name, [item for item, _, _ in entries])
+                self.reply(rid, Status.OK, [join_queue(name, [_copied(item) for item, _, _ in entries])
                                             for name, entries in queues.export().items()])
             return
         try:
@@ -342,6 +353,15 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and self.out:
             self.transport.writelines(self.out)
         self.out = []
+
+
+def _copied(payload: bytes) -> bytes:
+    """A payload as a snapshot gets it: a same-node lane item by value (its slot may be reused once it is got),
+    marked ``COPIED``; one whose slot is gone as it is (reading it then says the item was lost)."""
+    if payload[:1] != LANE:
+        return payload
+    value = lane.inline_of(payload)
+    return payload if value is None else COPIED + value
 
 
 def _entries(payloads: list[tuple[bytes, float, int]]) -> list[tuple[bytes, float, int | None]]:

@@ -4,7 +4,8 @@
 the host's thread: a consistent cut of the channel (:meth:`WeightedQueues.export
 <hwplace.channels.queues.WeightedQueues.export>`). Items held for a taker (taken with ``ack=False``, not
 acknowledged yet) count as not taken: they lead their queue, in the order taken. Items stored by reference in
-the executor's object store are fetched into the copy (the host keeps them). :func:`restore_channel` puts a
+the executor's object store are fetched into the copy (the host keeps them); items in a producer's shared memory
+(the same-node lane) come by value, as the host read them at the cut. :func:`restore_channel` puts a
 copy back at the head of a channel's queues, with each item's weight and version. Imports
 :mod:`hwplace.channels.channel` and what it does.
 """
@@ -60,6 +61,12 @@ def _failed(channel: Channel, what: str, status: int, data: bytearray) -> Hwplac
     return HwplaceError(f"channel {channel.name!r}: the host refused {what}: {data.decode(errors='replace')}")
 
 
+def _stored(payload: bytearray, store: Any) -> Stored:
+    """An item the host copied out of the same-node lane (an inline payload), as a snapshot keeps it."""
+    weight, version = wire.TRAILER.unpack_from(payload, len(payload) - wire.TRAILER.size)
+    return Stored(decode([payload], store)[0], weight, None if version < 0 else version)
+
+
 def export_channel(channel: Channel) -> ChannelContents:
     """A copy of everything ``channel`` holds now (held items as not taken), as one consistent cut; the channel
     is left as it is. A closed channel is a :class:`hwplace.ChannelClosed`."""
@@ -68,10 +75,15 @@ def export_channel(channel: Channel) -> ChannelContents:
         raise _failed(channel, "snapshot", status, data)
     queues = wire.split_queues(data)
     store = channel._address.store
+    for payloads in queues.values():  # same-node lane items, which the host copied out by value
+        for index, payload in enumerate(payloads):
+            if payload[:1] == wire.COPIED:
+                payloads[index] = _stored(payload[1:], store)  # type: ignore[call-overload]
     stashed = [(name, index) for name, payloads in queues.items() for index, payload in enumerate(payloads)
-               if wire.reference_key(payload) is not None]
+               if not isinstance(payload, Stored) and wire.reference_key(payload) is not None]
     fetched = iter(decode([queues[name][index] for name, index in stashed], store, keep=True) if stashed else [])
-    contents: dict[str, list[bytes | Stored]] = {name: [bytes(p) for p in found] for name, found in queues.items()}
+    contents: dict[str, list[bytes | Stored]] = {
+        name: [p if isinstance(p, Stored) else bytes(p) for p in found] for name, found in queues.items()}
     for name, index in stashed:
         payload = queues[name][index]
         weight, version = wire.TRAILER.unpack_from(payload, len(payload) - wire.TRAILER.size)

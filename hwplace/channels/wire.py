@@ -52,9 +52,13 @@ UNHOLD = 19  # put back at the head of their queue the holds a withdrawn held ge
 # A snapshot's: EXPORT copies out every queue's payloads in one step (held ones as not taken), its reply a batch
 # of join_queue parts; RESTORE puts a REQUEUE-like batch at the head of the queue, counted as puts.
 EXPORT, RESTORE = 20, 21
+# A consumer off the producer's node asks the host (on the producer's node) for a same-node lane item by value: the
+# payload is the lane payload; number 1: the item leaves the channel with this read (it was got outright).
+LANE_READ = 22
 _HOLD = struct.Struct("!Q")
 TRAILER = struct.Struct("!dq")  # the end of every payload: its weight and version (< 0: none), for a REQUEUE
-INLINE, BY_REFERENCE = b"\x00", b"\x01"  # the first byte of a payload
+INLINE, BY_REFERENCE, LANE = b"\x00", b"\x01", b"\x02"  # the first byte of a payload (lane: hwplace.channels.lane)
+COPIED = b"\x03"  # in an EXPORT reply only: a lane item by value (an inline payload follows), as the host read it
 KEY_SIZE = 16
 
 

@@ -58,6 +58,11 @@ class ObjectStore:
         """Put ``item`` in the object store, held by the channel's host; returns its 16-byte key."""
         raise NotImplementedError(f"{type(self).__name__}.stash")
 
+    def node(self) -> str:
+        """The executor's id of the node this process runs on, as :attr:`ChannelAddress.node` names a host's; ""
+        (the default) when it does not say: then no item goes by the same-node lane (:mod:`hwplace.channels.lane`)."""
+        return ""
+
     def fetch(self, keys: Sequence[bytes], keep: bool = False) -> list[Any]:
         """Take the stashed items of ``keys`` from the channel's host, in order.
 
@@ -82,6 +87,9 @@ class ChannelAddress:
     maxsize: int
     where: str
     store: ObjectStore
+    node: str = ""
+    """The executor's id of the host's node (see :meth:`ObjectStore.node`): a producer there puts large items
+    through the same-node lane; "" for none."""
 
 
 class ChannelHosting(Capability):

@@ -60,6 +60,18 @@ class ChannelHost:
         return [self._held[key] if keep else self._held.pop(key) for key in keys]
 
 
+_node: tuple[int, str] | None = None
+
+
+def _node_id() -> str:
+    """This process's Ray node id ("" outside Ray), asked once per process."""
+    global _node
+    if _node is None or _node[0] != os.getpid():
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        _node = (os.getpid(), node)
+    return _node[1]
+
+
 class RayObjectStore(ObjectStore):
     """Ray's object store, with a channel's actor holding what its queues hold."""
 
@@ -69,6 +81,9 @@ class RayObjectStore(ObjectStore):
 
     def dumps(self, item: Any, buffer_callback: Callable[[Any], Any]) -> bytes:
         return cloudpickle.dumps(item, protocol=5, buffer_callback=buffer_callback)  # type: ignore[no-untyped-call,no-any-return]
+
+    def node(self) -> str:
+        return _node_id()
 
     def stash(self, item: Any) -> bytes:
         key = os.urandom(16)

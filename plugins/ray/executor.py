@@ -388,7 +388,8 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
             raise hwplace.ChannelLost(f"channel {name!r}: its host cannot start, its node is gone "
                                       f"({first_line(exc)})") from None
         where = f"{host} (Ray node {node_id[:12]})"
-        return ChannelAddress(name, host, port, token, maxsize, where, RayObjectStore(actor, f"channel {name!r}"))
+        return ChannelAddress(name, host, port, token, maxsize, where, RayObjectStore(actor, f"channel {name!r}"),
+                              node_id)
 
     def _node_of(self, group: str, rank: int) -> str:
         """The Ray node id of worker ``rank`` of the running group ``group``."""

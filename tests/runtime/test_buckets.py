@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import hwplace
 from hwplace.runtime.weight_sync import buckets as buckets_module
-from hwplace.runtime.weight_sync.buckets import Entry, check, digest, layout, pack, unpack
+from hwplace.runtime.weight_sync.buckets import Entry, Hasher, check, digest, layout, pack, pack_raw, unpack
 from hwplace.runtime.weight_sync.buckets import sizes as bucket_sizes
 
 torch = pytest.importorskip("torch")
@@ -270,3 +270,22 @@ def test_what_would_not_arrive_as_it_left_is_refused_by_key(value: Any, why: str
         buckets_module.check_state_dict({"ok": torch.ones(1), "layer.w": value()})
     with pytest.raises(hwplace.WeightSyncError, match=r"^state dict key \(1, 2\) is a tuple; a weight sync's keys"):
         buckets_module.check_state_dict({(1, 2): torch.ones(1)})
+
+
+@pytest.mark.parametrize("algorithm", ["xxh128", "crc32", "sha256"])
+def test_a_digest_made_piece_by_piece_is_the_digest_of_the_whole(algorithm: str) -> None:
+    data = np.random.default_rng(3).integers(0, 256, 5_000_003, dtype=np.uint8)
+    hasher = Hasher(algorithm)
+    for start in range(0, len(data), 1 << 20):
+        hasher.update(data[start : start + (1 << 20)])
+    assert hasher.hexdigest() == digest(data, algorithm)
+    with pytest.raises(hwplace.WeightSyncError, match="unknown digest algorithm 'md5'"):
+        Hasher("md5")
+
+
+def test_raw_buckets_are_the_digested_ones_without_their_digests() -> None:
+    state = {"a": np.arange(10, dtype=np.float32), "b": np.ones(2_000_000, dtype=np.float64)}
+    entries, pairs = pack(state, 1 << 20)
+    raw_entries, raw = pack_raw(state, 1 << 20)
+    assert raw_entries == entries
+    assert [(b.tobytes(), digest(b)) for b in raw] == [(b.tobytes(), d) for b, d in pairs]

@@ -317,3 +317,40 @@ def test_a_reader_maps_no_segment_the_source_let_go(pool: SegmentPool) -> None:
     assert mapped_inodes() <= {segment.inode for segment in pool._segments}
     pool.close()
     assert not mapped_inodes()  # the source's own mappings went with it, and the reader holds none
+
+
+def test_the_pool_works_out_digests_as_it_copies_when_none_are_given(pool: SegmentPool) -> None:
+    sizes = (1000, 3, 3_000_000)  # the last one in several chunks
+    ref, digests = pool.write(1, sizes, [(bucket, None) for bucket, _ in buckets(1, sizes)])
+    assert digests == [d for _, d in buckets(1, sizes)]
+    got = SegmentReader().take(ref)
+    assert got is not None
+    assert [b.tobytes() for b in got] == [b.tobytes() for b, _ in buckets(1, sizes)]
+
+
+def test_a_reader_checks_on_one_kept_mapping_per_segment_and_lets_go_of_those_the_source_let_go(
+        pool: SegmentPool) -> None:
+    reader = SegmentReader()
+    kept: list[Any] = []
+    for version in range(1, 7):  # version v-1 is held while v is written: two segments take turns
+        ref = write(pool, version)
+        held = reader.hold(ref)
+        assert held is not None
+        views = reader.checking(ref)
+        assert views is not None
+        assert [v.tobytes() for v in views] == [b.tobytes() for b, _ in buckets(version)]
+        assert not views[0].flags.writeable  # read-only: callers get copy-on-write views of their own
+        kept = [held]
+    assert pool.count == 2
+    assert len(reader._checking) == 2  # one mapping per segment, made once
+    live = {segment.inode for segment in pool._segments}
+    del kept
+    held = reader.hold(write(pool, 7, (5_000_000,)))  # larger: a new segment, the free too-small one let go
+    assert held is not None
+    assert mapped_inodes() <= {segment.inode for segment in pool._segments} | live
+    assert {inode for _, _, inode in reader._checking} <= {segment.inode for segment in pool._segments}
+    gone = live - {segment.inode for segment in pool._segments}
+    assert gone  # the one replaced was emptied before it was let go: what still maps it holds no memory
+    del held
+    reader.close()
+    assert not reader._checking

@@ -121,6 +121,29 @@ def digest(buffer: Any, algorithm: str = DEFAULT_DIGEST) -> str:
     raise WeightSyncError(f"unknown digest algorithm {algorithm!r}; {', '.join(DIGESTS)}")
 
 
+class Hasher:
+    """A digest computed piece by piece (:meth:`update` each part in order): :meth:`hexdigest` is what :func:`digest`
+    gives for the parts joined. A segment's writer hashes each chunk just after copying it, while it is in cache."""
+
+    def __init__(self, algorithm: str = DEFAULT_DIGEST) -> None:
+        digest(b"", algorithm)  # refuses an unknown or unavailable algorithm, as digest() does
+        self.algorithm = algorithm
+        self._state: Any = xxhash.xxh3_128() if algorithm == "xxh128" else \
+            hashlib.sha256() if algorithm == "sha256" else 0
+
+    def update(self, buffer: Any) -> None:
+        view = memoryview(buffer).cast("B")
+        if self.algorithm == "crc32":
+            self._state = zlib.crc32(view, self._state)
+        else:
+            self._state.update(view)
+
+    def hexdigest(self) -> str:
+        if self.algorithm == "crc32":
+            return f"crc32:{self._state:08x}"
+        return f"{self.algorithm}:{self._state.hexdigest()}"
+
+
 def check_state_dict(state_dict: Mapping[Any, Any]) -> None:
     """Refuse, by key, what a weight sync cannot carry exactly: a key that is neither a string nor an int, and a
     value :func:`carried` refuses. ``publish`` calls it before it lays anything down."""
@@ -193,8 +216,30 @@ def rebuilt(tensor: Any, kind: str, requires_grad: bool) -> Any:
     return tensor.requires_grad_(True) if requires_grad else tensor
 
 
-def pack(state_dict: Mapping[str, Any], bucket_bytes: int) -> tuple[list[Entry], Iterator[tuple[Any, str]]]:
-    """The entries of ``state_dict`` and an iterator over its buckets with their digests, filled one at a time."""
+class Packed:
+    """A state dict's buckets, filled one at a time: iterated, each with its digest; :attr:`raw`, without (for a
+    writer that hashes each bucket as it copies it, in one pass over memory)."""
+
+    def __init__(self, raw: Iterator[Any]) -> None:
+        self.raw = raw
+
+    def __iter__(self) -> Iterator[tuple[Any, str]]:
+        return digested(self.raw)
+
+
+def pack(state_dict: Mapping[str, Any], bucket_bytes: int) -> tuple[list[Entry], Packed]:
+    """The entries of ``state_dict`` and its buckets with their digests (:class:`Packed`), filled one at a time."""
+    entries, raw = pack_raw(state_dict, bucket_bytes)
+    return entries, Packed(raw)
+
+
+def digested(buckets: Iterator[Any]) -> Iterator[tuple[Any, str]]:
+    """Each bucket with its digest."""
+    yield from ((bucket, digest(bucket)) for bucket in buckets)
+
+
+def pack_raw(state_dict: Mapping[str, Any], bucket_bytes: int) -> tuple[list[Entry], Iterator[Any]]:
+    """As :func:`pack`, the buckets without their digests (for a writer that hashes them as it copies them)."""
     import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
     check_state_dict(state_dict)
@@ -219,10 +264,7 @@ def pack(state_dict: Mapping[str, Any], bucket_bytes: int) -> tuple[list[Entry],
                 yield bucket
             start = end
 
-    def buckets() -> Iterator[tuple[Any, str]]:
-        yield from ((bucket, digest(bucket)) for bucket in filled())
-
-    return entries, buckets()
+    return entries, filled()
 
 
 def check(buckets: Sequence[Any], digests: Sequence[str], what: str) -> None:

@@ -102,9 +102,9 @@ class Intake:
                 return note.version
 
     def _current(self) -> Weights:
-        """The kept version (host memory: copy-on-write views of it)."""
+        """The kept version, to load into a module (host memory: read-only views of it, to copy from)."""
         if self._host is not None:
-            return self._host.weights()
+            return self._host.readable()
         assert self._kept is not None
         return self._kept
 

@@ -21,14 +21,14 @@ segments and links modules.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SAME_NODE
 from hwplace.runtime.messaging.communicator import torch_module
 from hwplace.runtime.weight_sync.announcements import Announcement, Follows, InlineVersion
-from hwplace.runtime.weight_sync.buckets import INLINE_BYTES, Entry, Weights, check, pack, sizes, unpack
+from hwplace.runtime.weight_sync.buckets import INLINE_BYTES, Entry, Packed, Weights, check, pack, sizes, unpack
 from hwplace.runtime.weight_sync.device_share import SlotDescriptor, SlotReader, SlotWriter, physical_device, views
 from hwplace.runtime.weight_sync.links import ANNOUNCED_BYTES, Link, buckets_of, fan_out
 from hwplace.runtime.weight_sync.segments import HeldBytes, HeldFile, SegmentPool, SegmentReader, SegmentRef
@@ -103,13 +103,16 @@ class SameNode:
         self.reader = SegmentReader()
 
     def lay_down(self, version: int, entries: Sequence[Entry], lengths: Sequence[int],
-                 buckets: Iterator[tuple[Any, str]], node: bool, keep: bool) -> tuple[Announcement, list[Any]]:
-        """The node's copy of a version: in a segment when ``node`` (targets on this node) and it is large, else
-        copies of its buckets (in the announcement when ``node``); returns the announcement and, when ``keep``,
-        the buckets as laid down (for :class:`OtherNode` to send on)."""
+                 buckets: Iterable[tuple[Any, str]], node: bool, keep: bool) -> tuple[Announcement, list[Any]]:
+        """The node's copy of a version: in a segment when ``node`` (targets on this node) and it is large (the
+        buckets of :func:`pack` hashed as they are copied there, in one pass), else copies of its buckets (in the
+        announcement when ``node``); returns the announcement and, when ``keep``, the buckets as laid down (for
+        :class:`OtherNode` to send on)."""
         if node and sum(lengths) > ANNOUNCED_BYTES:
             self.segments = self.segments or SegmentPool(self.uid)
-            segment, digests = self.segments.write(version, lengths, buckets)
+            given: Iterable[tuple[Any, str | None]] = \
+                ((bucket, None) for bucket in buckets.raw) if isinstance(buckets, Packed) else buckets
+            segment, digests = self.segments.write(version, lengths, given)
             copies = self.segments.views(segment) if keep else []
             return Announcement(version, segment, tuple(entries), tuple(digests), tuple(lengths)), copies
         pairs = [(bucket.copy(), digest) for bucket, digest in buckets]
@@ -124,10 +127,9 @@ class SameNode:
             held = self.reader.hold(note.where)
             if held is None:
                 return None
-        else:
-            assert isinstance(note.where, InlineVersion)
-            held = HeldBytes(note.where.buckets)
-        return checked(note, held)
+            return checked(note, held, self.reader.checking(note.where))
+        assert isinstance(note.where, InlineVersion)
+        return checked(note, HeldBytes(note.where.buckets))
 
     @property
     def count(self) -> int:
@@ -137,6 +139,7 @@ class SameNode:
     def close(self) -> None:
         if self.segments is not None:
             self.segments.close()
+        self.reader.close()
 
 
 class OtherNode:
@@ -170,29 +173,41 @@ class HostVersion:
     :meth:`weights` gives tensors of their own, copy-on-write views of those bytes: a caller that writes into
     them changes neither the kept version nor what another call returned."""
 
-    def __init__(self, note: Announcement, held: HeldFile | HeldBytes, first: list[Any] | None = None) -> None:
+    def __init__(self, note: Announcement, held: HeldFile | HeldBytes, first: list[Any] | None = None,
+                 readable: list[Any] | None = None) -> None:
         self.note = note
         self.held = held
         self.version = note.version
-        self._first = first  # the views its digests were checked on: the first caller's
+        self._first = first  # the views its digests were checked on, when they are the first caller's to keep
+        self._readable = readable  # read-only views of the kept bytes (a reader's kept mapping), to copy from
 
     def weights(self) -> Weights:
         views, self._first = self._first or self.held.views(), None
         return Weights(self.version, MappingProxyType(unpack(self.note.entries, views)))
 
+    def readable(self) -> Weights:
+        """The version's tensors to copy from (``load_state_dict``): read-only views of the mapping it was checked
+        on when there is one (no page faults: that mapping is kept populated), else :meth:`weights`."""
+        if self._readable is None:
+            return self.weights()
+        return Weights(self.version, MappingProxyType(unpack(self.note.entries, self._readable)))
+
     def close(self) -> None:
         self.held.close()
 
 
-def checked(note: Announcement, held: HeldFile | HeldBytes) -> HostVersion:
-    """A version in host memory, once every bucket matches its digest."""
-    views = held.views()
+def checked(note: Announcement, held: HeldFile | HeldBytes, readable: list[Any] | None = None) -> HostVersion:
+    """A version in host memory, once every bucket matches its digest: checked on ``readable`` (read-only views of
+    the held bytes, :meth:`SegmentReader.checking`) when given, else on the first caller's views."""
+    views = readable if readable is not None else held.views()
     try:
         check(views, note.digests, f"weight sync version {note.version}")
     except BaseException:
         del views
         held.close()
         raise
+    if readable is not None:
+        return HostVersion(note, held, None, readable)
     return HostVersion(note, held, views)
 
 
@@ -225,7 +240,7 @@ class Source:
         entries, buckets = pack(state_dict, self.bucket_bytes)
         lengths = sizes(entries)
         if not to_node and OTHER_NODE not in standby and all(link.connected for link in other):
-            OtherNode.stream(other, version, entries, lengths, buckets)  # straight from the tensors: none kept
+            OtherNode.stream(other, version, entries, lengths, iter(buckets))  # straight from the tensors: none kept
             return
         note, copies = self.same_node.lay_down(version, entries, lengths, buckets, to_node, to_other)
         if to_node:
