@@ -23,6 +23,7 @@ from hwplace.contracts.capabilities import Restarts
 from hwplace.contracts.executor import GroupRuntime
 from hwplace.contracts.records import Placement
 from hwplace.foundation.errors import WorkerError
+from hwplace.foundation.wording import first_line
 from hwplace.plugin.session import session
 
 SERVING, RESTARTING, DEAD = "serving", "restarting", "dead"
@@ -55,10 +56,6 @@ def on_group_failure(listener: Callable[[WorkerError], None]) -> Callable[[], No
 
     return remove
 
-
-def first_line(error: BaseException) -> str:
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return lines[0].strip() if lines else type(error).__name__
 
 
 class Supervisor:

@@ -35,6 +35,7 @@ from hwplace.executor import (
     TurnArbitration,
     WorkerRecord,
     detect_timeout,
+    first_line,
     lease_refusal,
 )
 from hwplace_plugins.ray.connect import connect, connected, import_ray
@@ -378,7 +379,6 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
     def _address(self, name: str, actor: Any) -> ChannelAddress:
         ray = import_ray()
         from hwplace_plugins.ray.channel import RayObjectStore  # noqa: PLC0415 (imports Ray: loaded on first use)
-        from hwplace_plugins.ray.runtime import first_line  # noqa: PLC0415 (imports Ray: loaded on first use)
 
         try:
             host, port, token, maxsize, node_id = ray.get(actor.start.remote())

@@ -36,6 +36,7 @@ from typing import Any
 from hwplace.contracts.capabilities import Rendezvous
 from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import HwplaceError, WeightSyncError
+from hwplace.foundation.wording import first_line
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import connect, find_entry, torch_module
 from hwplace.runtime.weight_sync.buckets import Entry
@@ -103,9 +104,6 @@ def link_key(uid: str, source: int, target: Member, incarnation: int) -> str:
     ``target``: a restarted end meets the other afresh, never the stale key of a process that died."""
     return f"wsync/{uid}/{source}/{target[0]}/{target[1]}.{incarnation}"
 
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def send_pickle(comm: Any, value: Any, torch: Any) -> list[Any]:
@@ -179,7 +177,7 @@ class Link:
 
     def broke(self, exc: BaseException) -> WeightSyncError:
         self.error = WeightSyncError(f"weight sync {self.name!r}: the link to its target {self.where} broke "
-                                     f"({_first_line(exc)}); that worker has died or shut down")
+                                     f"({first_line(exc)}); that worker has died or shut down")
         return self.error
 
     def _run(self, key: str, members: tuple[Member, Member], context: WorkerContext) -> None:
@@ -331,7 +329,7 @@ class Receiver:
             with self._changed:
                 if not self._closed:
                     self._error = WeightSyncError(f"weight sync {self.name!r}: the link from the source broke "
-                                                  f"({_first_line(exc)})")
+                                                  f"({first_line(exc)})")
                 self._changed.notify_all()
 
     def _receive(self, key: str, members: tuple[Member, ...], context: WorkerContext,
