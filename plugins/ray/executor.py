@@ -293,6 +293,9 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
     def restart(self, runtime: GroupRuntime, ranks: Sequence[int], attempt: int, cause: str) -> Handle:
         return runtime.restart(ranks, attempt, cause)  # type: ignore[attr-defined,no-any-return]
 
+    def gave_up(self, runtime: GroupRuntime, rank: int) -> None:
+        runtime.incarnations.gave_up(rank)  # type: ignore[attr-defined]
+
     def turn_arbiter(self, placement: Placement) -> TurnAddress | None:
         from hwplace_plugins.ray.turns import find_arbiter  # noqa: PLC0415 (imports Ray: loaded on first use)
 

@@ -16,6 +16,7 @@ import pytest
 
 import hwplace
 from hwplace.application.status import print_status
+from hwplace.executor import current_executor
 
 pytestmark = pytest.mark.time_limit(240)
 
@@ -220,3 +221,36 @@ def test_a_recv_from_a_peer_that_died_for_good_is_a_worker_error_naming_it(clust
             waiting.wait()
     finally:
         peers.shutdown()
+
+
+class Doomed(Talker):
+    """Its restarted processes cannot come back: ``on_restart`` raises."""
+
+    def on_restart(self, info: Any) -> None:
+        raise RuntimeError("the checkpoint it reloads is gone")
+
+
+def test_a_rank_whose_last_restart_fails_is_dead_to_its_peers_too(cluster: hwplace.Cluster) -> None:
+    plan = hwplace.ComponentPlacement(cluster.config, cluster)
+    doomed = Doomed.create_group().launch(cluster, plan.get_strategy("pair"), name="doomed",
+                                          restart=hwplace.Restart(max_restarts=1))
+    peer = Talker.create_group().launch(cluster, plan.get_strategy("other"), name="peer")
+    try:
+        first = peer.execute_on(0).recv_from("doomed", 1)
+        doomed.execute_on(1).send_to("peer", 0, "hello").wait()
+        assert first.wait() == [(0, "hello")]
+        os.kill(doomed.execute_on(1).pid().wait()[0], signal.SIGKILL)
+        while doomed.status()[1].state != "dead":  # restarting, then its restart fails with none left
+            time.sleep(0.05)
+        status = doomed.status()[1]
+        assert status.restarts == 1
+        assert "its restart failed" in status.cause
+        assert "the checkpoint it reloads is gone" in status.cause
+        # the group entry the peers read says so too (it said "serving", of the process that failed to start)
+        while current_executor().find_group("doomed").state(1) != "dead":  # type: ignore[union-attr]
+            time.sleep(0.05)
+        with pytest.raises(hwplace.WorkerError, match=r"group 'peer' rank 0.*group 'doomed' rank 1"):
+            peer.execute_on(0).recv_from("doomed", 1).wait()  # at once: no wait for a process that will not come
+    finally:
+        doomed.shutdown()
+        peer.shutdown()
