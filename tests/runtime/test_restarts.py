@@ -254,3 +254,38 @@ def test_a_rank_whose_last_restart_fails_is_dead_to_its_peers_too(cluster: hwpla
     finally:
         doomed.shutdown()
         peer.shutdown()
+
+
+class Taker(Talker):
+    def take(self, channel: hwplace.Channel, count: int) -> list[Any]:
+        return channel.get_batch(count, ack=False)  # type: ignore[no-any-return]  # held until acknowledged
+
+    def take_and_ack(self, channel: hwplace.Channel, count: int) -> list[Any]:
+        taken = channel.get_batch(count, ack=False)
+        channel.ack(taken)
+        return taken  # type: ignore[no-any-return]
+
+
+def test_a_rank_killed_holding_taken_items_gives_them_back_and_its_new_process_takes_them(
+        cluster: hwplace.Cluster) -> None:
+    plan = hwplace.ComponentPlacement(cluster.config, cluster)
+    takers = Taker.create_group().launch(cluster, plan.get_strategy("pair"), name="takers",
+                                         restart=hwplace.Restart(max_restarts=1))
+    channel = hwplace.Channel.create("held-by-a-restarted-rank")
+    try:
+        for item in range(6):
+            channel.put(f"item {item}", weight=1, version=item)
+        assert takers.execute_on(1).take(channel, 3).wait() == [["item 0", "item 1", "item 2"]]
+        assert channel.stats().held == 3
+        os.kill(takers.execute_on(1).pid().wait()[0], signal.SIGKILL)
+        restarted(takers, 1)
+        while channel.stats().held:  # the host sees the dead taker's connection close on its own loop
+            time.sleep(0.05)
+        # back at the head, in order, with their versions: the new process takes the same items again
+        assert takers.execute_on(1).take_and_ack(channel, 3).wait() == [["item 0", "item 1", "item 2"]]
+        assert takers.execute_on(0).take_and_ack(channel, 3).wait() == [["item 3", "item 4", "item 5"]]
+        stats = channel.stats()
+        assert (stats.redelivered, stats.held, stats.size) == (3, 0, 0)
+    finally:
+        channel.close()
+        takers.shutdown()
