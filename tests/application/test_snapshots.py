@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from drivers import run_job, write_job
 
@@ -220,6 +221,45 @@ def test_snapshot_refuses_what_could_not_be_resumed_and_keeps_the_channels_it_is
             loader = job.launch(Loader, "loader", again)
             assert loader.feed(1, 10).wait() == [4]  # its cursor came back: 3, then one more
             assert not job.refill(hwplace.Channel.create("not-in-it", cluster=cluster))
+        finally:
+            job.shutdown()
+
+
+class Publisher(hwplace.Worker):
+    def publish(self, sync, value):
+        return sync.publish({"w": np.full(4, value, dtype=np.float32)})
+
+
+class Reader(hwplace.Worker):
+    def latest(self, sync, min_version):
+        weights = sync.latest(min_version=min_version, timeout=120)
+        return weights.version, float(weights.tensors["w"][0])
+
+
+def test_a_resumed_job_s_weight_sync_goes_on_from_the_version_its_snapshot_recorded(tmp_path: Path) -> None:
+    placement_cfg = {"component_placement": {"trainer": "0", "rollout": "1-2"}}
+    folder = SnapshotFolder(tmp_path / "s")
+    with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:
+        config = {"cluster": cluster.config}
+        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), snapshots=folder)
+        try:
+            trainer, rollout = job.launch(Publisher, "trainer"), job.launch(Reader, "rollout")
+            sync = job.weight_sync("policy", "trainer", ("rollout",))
+            assert [trainer.publish(sync, v).wait()[0] for v in (1.0, 2.0, 3.0)] == [1, 2, 3]
+            assert rollout.latest(sync, 3).wait() == [(3, 3.0)] * 2
+            job.snapshot(7)
+        finally:
+            job.shutdown()
+    with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:  # the driver and its cluster are new
+        config = {"cluster": cluster.config}
+        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), resume_from=folder.newest())
+        try:
+            trainer, rollout = job.launch(Publisher, "trainer"), job.launch(Reader, "rollout")
+            sync = job.weight_sync("policy", "trainer", ("rollout",))
+            assert trainer.publish(sync, 4.0).wait() == [4]  # not 1: a target's min_version of 3 still means newer
+            assert rollout.latest(sync, 4).wait() == [(4, 4.0)] * 2
+            other = job.weight_sync("other", "trainer", ("rollout",))  # not in the snapshot: from the beginning
+            assert trainer.publish(other, 1.0).wait() == [1]
         finally:
             job.shutdown()
 
