@@ -48,7 +48,6 @@ from hwplace.inventory.offline import fake_cluster
 from hwplace.planning.component import ComponentPlacement
 from hwplace.runtime.group import WorkerGroup, group_record
 from hwplace.runtime.restarts import on_group_failure
-from hwplace.runtime.weight_sync.buckets import DEFAULT_BUCKET_BYTES
 from hwplace.runtime.weight_sync.sync import WeightSync
 from hwplace.runtime.worker import Worker
 
@@ -134,14 +133,12 @@ class Job:
         self.refill(made)
         return made
 
-    def weight_sync(self, name: str, source: str, targets: Sequence[str] = ("rollout",), source_rank: int = 0,
-                    bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> WeightSync:
-        """Create weight sync ``name`` on the job's cluster (as :meth:`hwplace.WeightSync.create`): :meth:`snapshot`
-        records its newest version, and in a resumed job its source's versions go on from there."""
-        made = WeightSync.create(name, source, targets, source_rank, bucket_bytes, cluster=self.cluster)
-        self.syncs[name] = made
-        continue_versions(made, self.cluster.executor(), self._record.get("weight_syncs", {}))
-        return made
+    def weight_sync(self, name: str, source: str, targets: Sequence[str] = ("rollout",), **options: Any) -> WeightSync:
+        """Weight sync ``name`` on the job's cluster (:meth:`hwplace.WeightSync.create`, with its ``source_rank`` and
+        ``bucket_bytes``): :meth:`snapshot` records its newest version; a resumed job's source goes on from there."""
+        self.syncs[name] = WeightSync.create(name, source, targets, cluster=self.cluster, **options)
+        continue_versions(self.syncs[name], self.cluster.executor(), self._record.get("weight_syncs", {}))
+        return self.syncs[name]
 
     def refill(self, channel: Channel) -> bool:
         """Put back what the snapshot this job resumed from holds of the channel of ``channel``'s name (one that
@@ -150,13 +147,12 @@ class Job:
         return refill(channel, self._record.get("channels", {}))
 
     def snapshot(self, step: int, state: Any = None, *, channels: Sequence[Channel] | None = None) -> Path | None:
-        """Record the job at this step: ``step`` (a whole number, growing), the driver's ``state`` (anything
-        that pickles), each launched group's ranks' ``state_dict()`` where the worker class defines one, the
-        contents of ``channels`` (default: those made by :meth:`channel`), each one consistent cut with held
-        items counted as not taken, and the newest version of each sync made by :meth:`weight_sync`. Call it at
-        a step boundary: when no worker method that hands out data, trains or publishes runs. Written
-        atomically into the ``--snapshots`` folder; returns the file. Without a folder it keeps nothing, says
-        so once on stderr and returns ``None``. See docs/resilience.md."""
+        """Record the job at this step: ``step`` (a whole number, growing), the driver's ``state`` (anything that
+        pickles), each launched group's ranks' ``state_dict()`` where the worker class defines one, the contents
+        of ``channels`` (default: those made by :meth:`channel`), each one consistent cut with held items counted
+        as not taken, and the newest version of each :meth:`weight_sync`'s. Call it at a step boundary: when no
+        worker method that hands out data, trains or publishes runs. Written atomically into the ``--snapshots``
+        folder; returns the file (``None`` without one: it says so once on stderr). See docs/resilience.md."""
         step = step_of(step)
         if self.snapshots is None:
             if not self._told:

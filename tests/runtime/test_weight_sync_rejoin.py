@@ -18,6 +18,7 @@ import pytest
 
 import hwplace
 from hwplace.runtime.weight_sync import links as links_module
+from hwplace.runtime.weight_sync import segments as segments_module
 from hwplace.runtime.weight_sync import sync as sync_module
 
 torch = pytest.importorskip("torch")
@@ -89,7 +90,7 @@ class Rollout(hwplace.Worker):
     def latest_and_die_midway(self, sync: hwplace.WeightSync, min_version: int) -> tuple[int, list[float]]:
         """Waits in ``latest`` for ``min_version``, and is SIGKILLed while that version's buckets arrive (after the
         third, in the thread that receives them)."""
-        real = links_module.receiving
+        real = segments_module.receiving
 
         def receiving(lengths: Any) -> Any:
             fill, held = real(lengths)
