@@ -6,7 +6,8 @@ the capabilities it offers besides (:class:`ChannelHosting` with an :class:`Obje
 :class:`Incarnations`); on each node run :func:`detect_here`; in each
 worker process host the worker with :func:`start_worker` and :func:`run_method` / :func:`run_method_async`;
 serve a channel with :class:`ChannelServer` and turns with :class:`TurnServer`; check a ``Handle.wait``'s
-timeout with :func:`wait_timeout`; :func:`quiet_workers` says whether to keep workers' output off the
+timeout with :func:`wait_timeout`; quote an underlying error in a message with :func:`first_line`;
+:func:`quiet_workers` says whether to keep workers' output off the
 terminal. The process's state is its :class:`Session` (:func:`session`; tests swap it with
 :func:`swapped_session`). The contracts themselves are :mod:`hwplace.contracts.executor` and
 :mod:`hwplace.contracts.capabilities`. No module of hwplace imports this one.
@@ -46,6 +47,7 @@ from hwplace.contracts.records import WorkerContext
 from hwplace.contracts.registry import DeviceLease, GroupRecord, LeaseConflict, WorkerRecord
 from hwplace.foundation.settings import read_quiet_workers as quiet_workers
 from hwplace.foundation.timeouts import wait_timeout
+from hwplace.foundation.wording import first_line
 from hwplace.inventory.detection import detect_here
 from hwplace.inventory.leases import LeaseBook, lease_refusal
 from hwplace.planning.sharing import Share, shared_accelerators
@@ -99,6 +101,7 @@ __all__ = [
     "current_executor",
     "detect_here",
     "detect_timeout",
+    "first_line",
     "lease_refusal",
     "quiet_workers",
     "require",

@@ -28,11 +28,13 @@ from hwplace.application.snapshots import (
     Resumed,
     SnapshotFolder,
     channel_contents,
+    continue_versions,
     group_states,
     load_states,
     refill,
     snapshot_folders,
     step_of,
+    sync_versions,
 )
 from hwplace.channels.channel import Channel
 from hwplace.config.job_config import JobConfig, parse_job_config
@@ -46,6 +48,7 @@ from hwplace.inventory.offline import fake_cluster
 from hwplace.planning.component import ComponentPlacement
 from hwplace.runtime.group import WorkerGroup, group_record
 from hwplace.runtime.restarts import on_group_failure
+from hwplace.runtime.weight_sync.sync import WeightSync
 from hwplace.runtime.worker import Worker
 
 ENTRYPOINT_FORMS = ("'file.py:function' (a path relative to the config's folder) or 'package.module:function' "
@@ -73,6 +76,7 @@ class Job:
         self.placement = placement
         self.groups: dict[str, WorkerGroup] = {}  # launched through this job, in launch order
         self.channels: dict[str, Channel] = {}  # created through job.channel, by name
+        self.syncs: dict[str, WeightSync] = {}  # created through job.weight_sync, by name
         self.snapshots = snapshots
         self._record: Mapping[str, Any] = resume_from[0] if resume_from else {}
         self.resumed = Resumed(self._record["step"], self._record["state"], resume_from[1]) if resume_from else None
@@ -129,6 +133,13 @@ class Job:
         self.refill(made)
         return made
 
+    def weight_sync(self, name: str, source: str, targets: Sequence[str] = ("rollout",), **options: Any) -> WeightSync:
+        """Weight sync ``name`` on the job's cluster (:meth:`hwplace.WeightSync.create`, with its ``source_rank`` and
+        ``bucket_bytes``): :meth:`snapshot` records its newest version; a resumed job's source goes on from there."""
+        self.syncs[name] = WeightSync.create(name, source, targets, cluster=self.cluster, **options)
+        continue_versions(self.syncs[name], self.cluster.executor(), self._record.get("weight_syncs", {}))
+        return self.syncs[name]
+
     def refill(self, channel: Channel) -> bool:
         """Put back what the snapshot this job resumed from holds of the channel of ``channel``'s name (one that
         ``snapshot(channels=...)`` named, created by a worker, say); whether it held any. Call it on a channel
@@ -136,12 +147,12 @@ class Job:
         return refill(channel, self._record.get("channels", {}))
 
     def snapshot(self, step: int, state: Any = None, *, channels: Sequence[Channel] | None = None) -> Path | None:
-        """Record the job at this step: ``step`` (a whole number, growing), the driver's ``state`` (anything
-        that pickles), each launched group's ranks' ``state_dict()`` where the worker class defines one, and
-        the contents of ``channels`` (default: those made by :meth:`channel`), each one consistent cut with
-        held items counted as not taken. Call it at a step boundary: when no worker method that hands out data
-        runs. Written atomically into the ``--snapshots`` folder; returns the file. Without a folder it keeps
-        nothing, says so once on stderr and returns ``None``. See docs/resilience.md."""
+        """Record the job at this step: ``step`` (a whole number, growing), the driver's ``state`` (anything that
+        pickles), each launched group's ranks' ``state_dict()`` where the worker class defines one, the contents
+        of ``channels`` (default: those made by :meth:`channel`), each one consistent cut with held items counted
+        as not taken, and the newest version of each :meth:`weight_sync`'s. Call it at a step boundary: when no
+        worker method that hands out data, trains or publishes runs. Written atomically into the ``--snapshots``
+        folder; returns the file (``None`` without one: it says so once on stderr). See docs/resilience.md."""
         step = step_of(step)
         if self.snapshots is None:
             if not self._told:
@@ -154,7 +165,8 @@ class Job:
             raise ConfigError("step", f"is before that of the newest snapshot in {self.snapshots.path} "
                               f"({newest[0][0]})", value=step, allowed="steps that grow from one snapshot to the next")
         record = {"format": FORMAT, "step": step, "state": state, "groups": group_states(self.groups),
-                  "channels": channel_contents(list(self.channels.values()) if channels is None else channels)}
+                  "channels": channel_contents(list(self.channels.values()) if channels is None else channels),
+                  "weight_syncs": sync_versions(self.syncs, self.cluster.executor())}
         return self.snapshots.write(step, record)
 
     def shutdown(self) -> None:

@@ -3,7 +3,8 @@ keeps them.
 
 A snapshot is one file, ``snapshot-<step>.pkl``, in the folder ``hwplace run --snapshots DIR`` names: the step
 and the driver's ``state``, each launched group's ranks' ``state_dict()`` (where the worker class defines one),
-and the contents of the job's channels (:mod:`hwplace.channels.snapshot`). It is written to a temporary file in
+the contents of the job's channels (:mod:`hwplace.channels.snapshot`) and the newest version of each of its weight
+syncs. It is written to a temporary file in
 the folder, flushed to disk, then renamed over its name, so a driver killed while writing leaves the newest
 complete snapshot as it was; the newest ``keep`` are kept. Imports the layers below.
 """
@@ -23,8 +24,11 @@ from typing import Any, BinaryIO
 
 from hwplace.channels.channel import Channel
 from hwplace.channels.snapshot import ChannelContents, export_channel, restore_channel
+from hwplace.contracts.capabilities import Rendezvous, require
+from hwplace.contracts.executor import Executor
 from hwplace.foundation.errors import ConfigError, HwplaceError
 from hwplace.runtime.group import WorkerGroup
+from hwplace.runtime.weight_sync.sync import WeightSync, note_version, noted_version
 
 FORMAT = "hwplace snapshot 1"  # the first entry of every snapshot file
 _NAME = re.compile(r"snapshot-(\d{12})\.pkl\Z")
@@ -190,6 +194,20 @@ def refill(channel: Channel, contents: Mapping[str, ChannelContents]) -> bool:
         return False
     restore_channel(channel, found)
     return True
+
+
+def sync_versions(syncs: Mapping[str, WeightSync], executor: Executor) -> dict[str, int]:
+    """Each weight sync's newest version (as its source noted it), by name."""
+    if not syncs:
+        return {}
+    rendezvous = require(executor, Rendezvous, "job.snapshot")
+    return {name: noted_version(sync, rendezvous) for name, sync in syncs.items()}
+
+
+def continue_versions(sync: WeightSync, executor: Executor, versions: Mapping[str, int]) -> None:
+    """A resumed job's ``sync``: its source's versions go on from the one the snapshot recorded of its name."""
+    if versions.get(sync.name):
+        note_version(sync, require(executor, Rendezvous, "job.weight_sync"), versions[sync.name])
 
 
 def snapshot_folders(snapshots: str | os.PathLike[str] | None, resume: str | os.PathLike[str] | None, keep: int,

@@ -203,7 +203,7 @@ class Restarts(Capability):
     """Notices when a worker process of a group it started dies, and starts it again in place."""
 
     feature: ClassVar[str] = "restart workers in place (launch(..., restart=hwplace.Restart(...)))"
-    methods: ClassVar[tuple[str, ...]] = ("watch", "restart")
+    methods: ClassVar[tuple[str, ...]] = ("watch", "restart", "gave_up")
 
     def watch(self, runtime: GroupRuntime, on_death: Callable[[int, str], bool]) -> None:
         """From now on, call ``on_death(rank, cause)`` once for each process of ``runtime`` (a group this
@@ -219,6 +219,13 @@ class Restarts(Capability):
         (a process of those ranks still alive is stopped first). Calls made from now on reach the new processes.
         Returns a handle on their constructors, as ``GroupRuntime.ready`` does."""
         raise NotImplementedError(f"{type(self).__name__}.restart")
+
+    def gave_up(self, runtime: GroupRuntime, rank: int) -> None:
+        """The group gave ``rank`` up for good after a :meth:`restart` of it failed (its constructor or
+        ``on_restart`` raised, its node is gone, or nothing could start) and no restarts are left: show the rank
+        ``dead`` to the group's peers from now on (``GroupEntry.states``), as after a death ``on_death`` answered
+        ``False`` to, so that a peer's ``recv`` or weight sync fails naming it rather than waiting for it."""
+        raise NotImplementedError(f"{type(self).__name__}.gave_up")
 
 
 CAPABILITIES: tuple[type[Capability], ...] = (ChannelHosting, Rendezvous, Leases, TurnArbitration, LocalClusters,

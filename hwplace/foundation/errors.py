@@ -182,5 +182,6 @@ class WeightSyncError(HwplaceError):
 # Users meet these classes as hwplace.errors.X (and hwplace.X): tracebacks and pickles name that public module,
 # which re-exports them, rather than this layer's path.
 for _error in (HwplaceError, ConfigError, PlacementError, PluginError, WorkerError, ChannelClosed, ChannelEmpty,
-               ChannelFull, ChannelTimeout, ChannelLost, CallCancelled, WeightSyncError):
+               ChannelFull, ChannelTimeout, ChannelLost, CallCancelled, WeightSyncError,
+               ChannelNotHeld):
     _error.__module__ = "hwplace.errors"

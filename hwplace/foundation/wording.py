@@ -1,4 +1,5 @@
-"""Small helpers that keep hwplace's messages consistent: plurals, rank lists, did-you-mean."""
+"""Small helpers that keep hwplace's messages consistent: plurals, rank lists, did-you-mean, an error's first
+line."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ from collections.abc import Iterable, Mapping, Sequence
 def plural(count: int, word: str, words: str | None = None) -> str:
     """``"1 node"``, ``"2 nodes"``; ``words`` for an irregular plural."""
     return f"{count} {word if count == 1 else words or word + 's'}"
+
+
+def first_line(error: BaseException) -> str:
+    """The first non-blank line of ``error``'s message, stripped (its type's name if it has none): how a message
+    quotes an underlying error without its traceback or detail."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(error).__name__
 
 
 def did_you_mean(word: str, choices: Iterable[str], aliases: Mapping[str, str] | None = None) -> str:

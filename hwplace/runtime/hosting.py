@@ -22,6 +22,7 @@ from hwplace.contracts.records import RestartInfo, WorkerContext
 from hwplace.foundation import trace
 from hwplace.foundation.errors import WorkerError
 from hwplace.foundation.settings import read_log_level, read_trace_dir
+from hwplace.foundation.wording import first_line
 from hwplace.plugin.session import session
 from hwplace.runtime.worker import Worker
 
@@ -170,15 +171,11 @@ def unpicklable_arguments(what: str, group: str, ranks: Sequence[int], args: tup
             dumps(value)
         except Exception as cause:  # whatever pickling raises names the culprit
             problem = f"{name}, a {type(value).__module__}.{type(value).__qualname__}, cannot be pickled " \
-                      f"({_first_line(cause)})"
+                      f"({first_line(cause)})"
             break
     else:
-        problem = f"its arguments cannot be pickled ({_first_line(error)})"
+        problem = f"its arguments cannot be pickled ({first_line(error)})"
     where = "" if len(ranks) == 1 else f" to ranks {', '.join(map(str, ranks))}"
     return WorkerError(f"{what} was not sent{where}: {problem}; pass plain data, arrays or tensors, or objects "
                        "that pickle", group=group, rank=ranks[0] if len(ranks) == 1 else None)
 
-
-def _first_line(error: BaseException) -> str:
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return lines[0].strip() if lines else type(error).__name__

@@ -23,6 +23,7 @@ from hwplace.contracts.capabilities import Restarts
 from hwplace.contracts.executor import GroupRuntime
 from hwplace.contracts.records import Placement
 from hwplace.foundation.errors import WorkerError
+from hwplace.foundation.wording import first_line
 from hwplace.plugin.session import session
 
 SERVING, RESTARTING, DEAD = "serving", "restarting", "dead"
@@ -56,10 +57,6 @@ def on_group_failure(listener: Callable[[WorkerError], None]) -> Callable[[], No
     return remove
 
 
-def first_line(error: BaseException) -> str:
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return lines[0].strip() if lines else type(error).__name__
-
 
 class Supervisor:
     """The ranks of one group: their states, and the restarts its policy allows."""
@@ -82,6 +79,7 @@ class Supervisor:
         self.failure: WorkerError | None = None  # a death that used up the restarts of a policy that had some
         self._listeners: list[Callable[[WorkerError], None]] = session().state(FAILURE_LISTENERS, list)
         self._told_failure = False
+        self._given_up: list[int] = []  # ranks left dead after a failed restart, for the executor to show so
 
     def start(self) -> None:
         """Be told of each death from now on (when the executor can restart)."""
@@ -111,6 +109,12 @@ class Supervisor:
         return restarting
 
     def _changed(self) -> None:
+        with self._lock:
+            given_up, self._given_up = self._given_up, []
+        for rank in given_up:  # the executor told of the death itself; not of a restart's failure
+            if self._executor is not None and not self._closed:
+                with contextlib.suppress(Exception):  # the session ended: no peer is left to tell
+                    self._executor.gave_up(self._runtime, rank)
         if self._on_change is not None and not self._closed:
             with contextlib.suppress(Exception):  # what hwplace status shows, no more: the restart goes on
                 self._on_change(self.status())
@@ -136,6 +140,7 @@ class Supervisor:
         except Exception as exc:  # nothing could start (the executor's session ended, say): the rank is dead
             self._states[rank] = DEAD
             self._causes[rank] = f"{cause}; its restart could not start: {first_line(exc)}"
+            self._given_up.append(rank)
             self.failure = WorkerError(self._causes[rank], group=self.name, rank=rank,
                                        node_rank=self._placements[rank].node_rank)
             return False
@@ -157,7 +162,8 @@ class Supervisor:
                     return
                 cause = f"its restart failed: {first_line(exc)}"
                 self._causes[failed] = cause
-                self._next(failed, cause)
+                if not self._next(failed, cause) and failed not in self._given_up:
+                    self._given_up.append(failed)
             self._changed()
             return
         with self._lock:
@@ -230,6 +236,13 @@ class Incarnations:
             incarnation = self._current[rank]
         self._told()
         return incarnation
+
+    def gave_up(self, rank: int) -> None:
+        """The group gave ``rank`` up after its restart failed (``Restarts.gave_up``): its current process is
+        ``dead`` to the peers."""
+        with self._lock:
+            self._states[rank] = DEAD
+        self._told()
 
     def _told(self) -> None:
         if self._publish is not None:

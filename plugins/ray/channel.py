@@ -17,10 +17,9 @@ import ray
 from ray import cloudpickle
 
 from hwplace import ChannelLost
-from hwplace.executor import ChannelServer, ObjectStore
+from hwplace.executor import ChannelServer, ObjectStore, first_line
 from hwplace_plugins.ray import registry
 from hwplace_plugins.ray.orphans import exit_with_raylet
-from hwplace_plugins.ray.runtime import first_line
 
 
 class ChannelHost:

@@ -35,6 +35,7 @@ from hwplace.executor import (
     TurnArbitration,
     WorkerRecord,
     detect_timeout,
+    first_line,
     lease_refusal,
 )
 from hwplace_plugins.ray.connect import connect, connected, import_ray
@@ -292,6 +293,9 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
     def restart(self, runtime: GroupRuntime, ranks: Sequence[int], attempt: int, cause: str) -> Handle:
         return runtime.restart(ranks, attempt, cause)  # type: ignore[attr-defined,no-any-return]
 
+    def gave_up(self, runtime: GroupRuntime, rank: int) -> None:
+        runtime.incarnations.gave_up(rank)  # type: ignore[attr-defined]
+
     def turn_arbiter(self, placement: Placement) -> TurnAddress | None:
         from hwplace_plugins.ray.turns import find_arbiter  # noqa: PLC0415 (imports Ray: loaded on first use)
 
@@ -378,7 +382,6 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
     def _address(self, name: str, actor: Any) -> ChannelAddress:
         ray = import_ray()
         from hwplace_plugins.ray.channel import RayObjectStore  # noqa: PLC0415 (imports Ray: loaded on first use)
-        from hwplace_plugins.ray.runtime import first_line  # noqa: PLC0415 (imports Ray: loaded on first use)
 
         try:
             host, port, token, maxsize, node_id = ray.get(actor.start.remote())

@@ -34,6 +34,7 @@ from hwplace.executor import (
     RemoteFailure,
     WorkerContext,
     WorkerSpec,
+    first_line,
     run_method,
     run_method_async,
     start_worker,
@@ -305,10 +306,6 @@ def _pickled(group: str, ranks: Sequence[int], what: str, args: tuple[Any, ...],
     except (TypeError, PicklingError) as exc:
         raise unpicklable_arguments(what, group, ranks, args, kwargs, cloudpickle.dumps, exc) from None
 
-
-def first_line(error: BaseException) -> str:
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return lines[0].strip() if lines else type(error).__name__
 
 
 class RayHandle(Handle):

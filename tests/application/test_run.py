@@ -3,7 +3,6 @@ its groups launches, and what the entry point returns."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -12,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drivers import run_job, write_job
 
 import hwplace
-from hwplace.application.cli import main
 from hwplace.executor import current_executor
 from hwplace.runtime.group import group_record
 from hwplace.testing import process_cluster
@@ -50,35 +49,22 @@ class Holder(hwplace.Worker):
         return "held"
 
 
-def job_files(folder: Path, name: str) -> Path:
-    (folder / "entry.py").write_text(ENTRY)
-    config = folder / name
-    config.write_text(CONFIG)
-    return config
-
-
-def run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(["run", *argv], out, err)
-    return code, out.getvalue(), err.getvalue()
-
-
 def test_a_job_is_named_after_its_config_file_unless_job_name_says(tmp_path: Path) -> None:
-    config = job_files(tmp_path, "grpo.yaml")
+    config = write_job(tmp_path, "grpo.yaml", CONFIG, entry=ENTRY)
     summary = str(tmp_path / "summary.json")
     with process_cluster(1, 4):
-        assert run(str(config), "--summary", summary)[0] == 0
+        assert run_job(str(config), "--summary", summary)[0] == 0
         assert json.loads(Path(summary).read_text()) == ["grpo"]  # not 'hwplace', the command's name
-        assert run(str(config), "job.name=nightly", "--summary", summary)[0] == 0
+        assert run_job(str(config), "job.name=nightly", "--summary", summary)[0] == 0
         assert json.loads(Path(summary).read_text()) == ["nightly"]
-        code, _, err = run(str(config), "job.name=''")
+        code, _, err = run_job(str(config), "job.name=''")
         assert (code, err.splitlines()[0]) == (2, "hwplace: error: job.name: is not a usable job name (got ''); "
                                                   "1 to 100 printable characters (leave it out to name the job "
                                                   "after its config file)")
 
 
 def test_every_device_of_the_plan_is_leased_before_any_group_launches(tmp_path: Path) -> None:
-    config = job_files(tmp_path, "clash.yaml")
+    config = write_job(tmp_path, "clash.yaml", CONFIG, entry=ENTRY)
     with process_cluster(1, 4, cluster_cfg={"component_placement": {"holder": "0"}}, job_name="other-job") as cluster:
         holder = Holder.create_group().launch(
             cluster, hwplace.ComponentPlacement({"cluster": cluster.config}, cluster).get_strategy("holder"),
@@ -86,7 +72,7 @@ def test_every_device_of_the_plan_is_leased_before_any_group_launches(tmp_path: 
         try:
             wanted = hwplace.FlexiblePlacementStrategy([[2]]).get_placement(cluster)  # what 'second' needs
             assert holder.hold(group_record(cluster, "held", Holder, wanted)).wait(timeout=60) == ["held"]
-            code, _, err = run(str(config))
+            code, _, err = run_job(str(config))
         finally:
             holder.shutdown()
     assert code == 2
@@ -97,12 +83,12 @@ def test_every_device_of_the_plan_is_leased_before_any_group_launches(tmp_path: 
 
 
 def test_the_result_is_printed_and_a_summary_refuses_what_json_cannot_hold(tmp_path: Path) -> None:
-    config = job_files(tmp_path, "results.yaml")
+    config = write_job(tmp_path, "results.yaml", CONFIG, entry=ENTRY)
     summary = tmp_path / "summary.json"
     with process_cluster(1, 4):
-        code, out, _ = run(str(config))  # the result used to be dropped without --summary
+        code, out, _ = run_job(str(config))  # the result used to be dropped without --summary
         assert (code, out.splitlines()[-1]) == (0, "result: ['results']")
-        code, out, err = run(str(config), "job.entrypoint=entry.py:unwritable", "--summary", str(summary))
+        code, out, err = run_job(str(config), "job.entrypoint=entry.py:unwritable", "--summary", str(summary))
     assert out.splitlines()[-1].startswith("result: {'stats': [1.5, <object object at 0x")
     assert code == 2  # it was written as "<object object at 0x...>", with exit 0
     assert err.startswith("hwplace: error: --summary: result['stats'][1] is an object (<object object at 0x"), err
@@ -139,11 +125,9 @@ def main(job):
 
 
 def test_a_group_that_uses_up_its_restarts_ends_the_job_with_its_last_cause(tmp_path: Path) -> None:
-    (tmp_path / "doomed.py").write_text(DOOMED_ENTRY)
-    config = tmp_path / "doomed.yaml"
-    config.write_text(DOOMED)
+    config = write_job(tmp_path, "doomed.yaml", DOOMED, doomed=DOOMED_ENTRY)
     with process_cluster(1, 4):
-        code, out, err = run(str(config))
+        code, out, err = run_job(str(config))
     assert (tmp_path / "waiting").exists()
     assert code == 1, err
     assert "restarts in place: 2 restarts per rank" in out

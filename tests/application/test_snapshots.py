@@ -5,7 +5,6 @@ on every input its data cursor hands out exactly once."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import random
@@ -16,10 +15,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+from drivers import run_job, write_job
 
 import hwplace
-from hwplace.application.cli import main
 from hwplace.application.snapshots import SnapshotFolder, load_states
 from hwplace.errors import ConfigError
 from hwplace.testing import process_cluster
@@ -126,23 +126,11 @@ def main(job):
 '''
 
 
-def job_files(folder: Path) -> Path:
-    (folder / "pipeline.py").write_text(PIPELINE)
-    config = folder / "pipeline.yaml"
-    config.write_text(CONFIG)
-    return config
-
-
-def run(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(["run", *argv], out, err)
-    return code, out.getvalue(), err.getvalue()
-
-
 def test_a_snapshot_holds_a_consistent_cut_and_a_resumed_run_finishes_it(tmp_path: Path) -> None:
-    config, snapshots, summary = job_files(tmp_path), tmp_path / "snapshots", tmp_path / "summary.json"
+    config = write_job(tmp_path, "pipeline.yaml", CONFIG, pipeline=PIPELINE)
+    snapshots, summary = tmp_path / "snapshots", tmp_path / "summary.json"
     with process_cluster(1, 4):
-        code, out, err = run(str(config), "job.stop_after=2", "--snapshots", str(snapshots))
+        code, out, err = run_job(str(config), "job.stop_after=2", "--snapshots", str(snapshots))
         assert code == 0, err
         assert [step for step, _ in SnapshotFolder(snapshots).steps()] == [1, 2]  # the newest two are kept
         found = SnapshotFolder(snapshots).newest()
@@ -160,7 +148,7 @@ def test_a_snapshot_holds_a_consistent_cut_and_a_resumed_run_finishes_it(tmp_pat
         assert contents.sizes() == {"raw": 5}
 
     with process_cluster(1, 4):  # a cluster of its own: the first run's channel names stay taken on that one
-        code, out, err = run(str(config), "--resume", str(snapshots), "--summary", str(summary))
+        code, out, err = run_job(str(config), "--resume", str(snapshots), "--summary", str(summary))
         assert code == 0, err
     assert f"resuming from {snapshots / 'snapshot-000000000002.pkl'} (step 2)" in out
     result = json.loads(summary.read_text())
@@ -169,25 +157,25 @@ def test_a_snapshot_holds_a_consistent_cut_and_a_resumed_run_finishes_it(tmp_pat
 
 
 def test_folders_are_checked_and_snapshot_without_one_says_so_once(tmp_path: Path, capsys) -> None:
-    config, snapshots = job_files(tmp_path), tmp_path / "snapshots"
+    config, snapshots = write_job(tmp_path, "pipeline.yaml", CONFIG, pipeline=PIPELINE), tmp_path / "snapshots"
     with process_cluster(1, 4):  # one cluster a run: a job's channel names stay taken on its cluster
-        assert run(str(config), "job.steps=2", "job.total=6")[0] == 0
+        assert run_job(str(config), "job.steps=2", "job.total=6")[0] == 0
     assert capsys.readouterr().err.count("keeps nothing: run with --snapshots DIR") == 1
     with process_cluster(1, 4):
-        assert run(str(config), "job.steps=2", "job.total=6", "--snapshots", str(snapshots))[0] == 0
-    code, _, err = run(str(config), "--snapshots", str(snapshots))  # refused before any cluster is asked
+        assert run_job(str(config), "job.steps=2", "job.total=6", "--snapshots", str(snapshots))[0] == 0
+    code, _, err = run_job(str(config), "--snapshots", str(snapshots))  # refused before any cluster is asked
     assert code == 2
     assert f"--snapshots: {snapshots} holds snapshots of an earlier run (the newest of step 1); continue that " \
            f"run with --resume {snapshots}, or name another folder" in err
-    code, _, err = run(str(config), "--resume", str(tmp_path / "missing"))
+    code, _, err = run_job(str(config), "--resume", str(tmp_path / "missing"))
     assert (code, err.splitlines()[0]) == (2, f"hwplace: error: --resume: there is no such folder (got "
                                               f"'{tmp_path / 'missing'}'); the folder an earlier run kept its "
                                               "snapshots in (hwplace run --snapshots DIR)")
-    code, _, err = run(str(config), "--snapshots", str(tmp_path / "no" / "such"))
+    code, _, err = run_job(str(config), "--snapshots", str(tmp_path / "no" / "such"))
     assert "--snapshots: names a folder whose parent does not exist" in err
     (tmp_path / "empty").mkdir()
     with process_cluster(1, 4):
-        code, out, err = run(str(config), "job.steps=1", "job.total=3", "--resume", str(tmp_path / "empty"))
+        code, out, err = run_job(str(config), "job.steps=1", "job.total=3", "--resume", str(tmp_path / "empty"))
     assert code == 0, err
     assert f"resume: {tmp_path / 'empty'} holds no snapshot yet; starting from the beginning" in out
     assert [step for step, _ in SnapshotFolder(tmp_path / "empty").steps()] == [0]
@@ -233,6 +221,45 @@ def test_snapshot_refuses_what_could_not_be_resumed_and_keeps_the_channels_it_is
             loader = job.launch(Loader, "loader", again)
             assert loader.feed(1, 10).wait() == [4]  # its cursor came back: 3, then one more
             assert not job.refill(hwplace.Channel.create("not-in-it", cluster=cluster))
+        finally:
+            job.shutdown()
+
+
+class Publisher(hwplace.Worker):
+    def publish(self, sync, value):
+        return sync.publish({"w": np.full(4, value, dtype=np.float32)})
+
+
+class Reader(hwplace.Worker):
+    def latest(self, sync, min_version):
+        weights = sync.latest(min_version=min_version, timeout=120)
+        return weights.version, float(weights.tensors["w"][0])
+
+
+def test_a_resumed_job_s_weight_sync_goes_on_from_the_version_its_snapshot_recorded(tmp_path: Path) -> None:
+    placement_cfg = {"component_placement": {"trainer": "0", "rollout": "1-2"}}
+    folder = SnapshotFolder(tmp_path / "s")
+    with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:
+        config = {"cluster": cluster.config}
+        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), snapshots=folder)
+        try:
+            trainer, rollout = job.launch(Publisher, "trainer"), job.launch(Reader, "rollout")
+            sync = job.weight_sync("policy", "trainer", ("rollout",))
+            assert [trainer.publish(sync, v).wait()[0] for v in (1.0, 2.0, 3.0)] == [1, 2, 3]
+            assert rollout.latest(sync, 3).wait() == [(3, 3.0)] * 2
+            job.snapshot(7)
+        finally:
+            job.shutdown()
+    with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:  # the driver and its cluster are new
+        config = {"cluster": cluster.config}
+        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), resume_from=folder.newest())
+        try:
+            trainer, rollout = job.launch(Publisher, "trainer"), job.launch(Reader, "rollout")
+            sync = job.weight_sync("policy", "trainer", ("rollout",))
+            assert trainer.publish(sync, 4.0).wait() == [4]  # not 1: a target's min_version of 3 still means newer
+            assert rollout.latest(sync, 4).wait() == [(4, 4.0)] * 2
+            other = job.weight_sync("other", "trainer", ("rollout",))  # not in the snapshot: from the beginning
+            assert trainer.publish(other, 1.0).wait() == [1]
         finally:
             job.shutdown()
 
@@ -319,7 +346,9 @@ with process_cluster(1, 4):
 """
 
 
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+# the job's module imports this one, which imports tests/drivers.py
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1]),
+                                                    os.environ.get("PYTHONPATH", "")])}
 
 
 def newest_step(folder: Path) -> int:
@@ -328,7 +357,8 @@ def newest_step(folder: Path) -> int:
 
 
 def test_a_driver_killed_at_random_instants_and_resumed_trains_on_every_input_exactly_once(tmp_path: Path) -> None:
-    config, snapshots, summary = job_files(tmp_path), tmp_path / "snapshots", tmp_path / "summary.json"
+    config = write_job(tmp_path, "pipeline.yaml", CONFIG, pipeline=PIPELINE)
+    snapshots, summary = tmp_path / "snapshots", tmp_path / "summary.json"
     snapshots.mkdir()
     marker = tmp_path / "started"
     # 60 steps of at least 0.05 s: six kills, each at most 0.6 s past the start or 0.3 s past a new snapshot,

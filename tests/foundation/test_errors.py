@@ -8,6 +8,7 @@ import queue
 import pytest
 
 import hwplace
+import hwplace.errors
 
 ERRORS = [
     hwplace.ConfigError("cluster.num_nodes", "must be at least 1", value=0, allowed="1 to 100000"),
@@ -31,6 +32,8 @@ def test_an_error_pickles_with_its_message_and_fields(error: hwplace.HwplaceErro
 def test_errors_carry_their_public_module_name() -> None:
     assert hwplace.ConfigError.__module__ == "hwplace.errors"
     assert pickle.dumps(hwplace.ConfigError("a", "b")).count(b"hwplace.errors") == 1
+    assert [name for name in hwplace.errors.__all__ if getattr(hwplace.errors, name).__module__ != "hwplace.errors"] \
+        == []  # every one of them, ChannelNotHeld too
 
 
 def test_the_hierarchy_matches_the_standard_errors_users_catch() -> None:

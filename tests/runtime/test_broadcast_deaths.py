@@ -142,3 +142,25 @@ def test_a_restarted_member_rejoins_the_set_on_the_next_broadcast(cluster: hwpla
     finally:
         trainer.shutdown()
         rollout.shutdown()
+
+
+def test_a_group_restarted_whole_forms_its_collective_anew(cluster: hwplace.Cluster) -> None:
+    group = launch(cluster, "bg3", restart=hwplace.Restart(max_restarts=1, scope="group"))
+    groups = ("bg3",)
+    try:
+        assert group.share("one", ("bg3", 0), groups).wait() == [["'one'"]] * 2
+        # rank 1 dies while rank 0 waits in a broadcast from it: the group's restart stops rank 0 too
+        waiting = group.execute_on(0).share(None, ("bg3", 1), groups)
+        assert group.execute_on(1).die_in(1.0).wait() == [True]
+        try:  # its broadcast fails naming rank 1, unless the group's restart stopped rank 0 first
+            said = waiting.wait()[0][0]
+        except hwplace.WorkerError as exc:
+            said = f"stopped restarted={exc.restarted}"
+        assert said.startswith(("WorkerError group=bg3 rank=1 node=1 restarted=True", "stopped restarted=True")), said
+        while [(s.restarts, s.state) for s in group.status()] != [(1, "serving")] * 2:
+            time.sleep(0.05)
+        value = torch.arange(4.0)
+        for src in (0, 1):  # both new processes form the set anew, each end a source
+            assert group.share(value, ("bg3", src), groups, 2).wait() == [[repr(value)] * 2] * 2
+    finally:
+        group.shutdown()

@@ -16,6 +16,7 @@ import pytest
 
 import hwplace
 from hwplace.application.status import print_status
+from hwplace.executor import current_executor
 
 pytestmark = pytest.mark.time_limit(240)
 
@@ -220,3 +221,71 @@ def test_a_recv_from_a_peer_that_died_for_good_is_a_worker_error_naming_it(clust
             waiting.wait()
     finally:
         peers.shutdown()
+
+
+class Doomed(Talker):
+    """Its restarted processes cannot come back: ``on_restart`` raises."""
+
+    def on_restart(self, info: Any) -> None:
+        raise RuntimeError("the checkpoint it reloads is gone")
+
+
+def test_a_rank_whose_last_restart_fails_is_dead_to_its_peers_too(cluster: hwplace.Cluster) -> None:
+    plan = hwplace.ComponentPlacement(cluster.config, cluster)
+    doomed = Doomed.create_group().launch(cluster, plan.get_strategy("pair"), name="doomed",
+                                          restart=hwplace.Restart(max_restarts=1))
+    peer = Talker.create_group().launch(cluster, plan.get_strategy("other"), name="peer")
+    try:
+        first = peer.execute_on(0).recv_from("doomed", 1)
+        doomed.execute_on(1).send_to("peer", 0, "hello").wait()
+        assert first.wait() == [(0, "hello")]
+        os.kill(doomed.execute_on(1).pid().wait()[0], signal.SIGKILL)
+        while doomed.status()[1].state != "dead":  # restarting, then its restart fails with none left
+            time.sleep(0.05)
+        status = doomed.status()[1]
+        assert status.restarts == 1
+        assert "its restart failed" in status.cause
+        assert "the checkpoint it reloads is gone" in status.cause
+        # the group entry the peers read says so too (it said "serving", of the process that failed to start)
+        while current_executor().find_group("doomed").state(1) != "dead":  # type: ignore[union-attr]
+            time.sleep(0.05)
+        with pytest.raises(hwplace.WorkerError, match=r"group 'peer' rank 0.*group 'doomed' rank 1"):
+            peer.execute_on(0).recv_from("doomed", 1).wait()  # at once: no wait for a process that will not come
+    finally:
+        doomed.shutdown()
+        peer.shutdown()
+
+
+class Taker(Talker):
+    def take(self, channel: hwplace.Channel, count: int) -> list[Any]:
+        return channel.get_batch(count, ack=False)  # type: ignore[no-any-return]  # held until acknowledged
+
+    def take_and_ack(self, channel: hwplace.Channel, count: int) -> list[Any]:
+        taken = channel.get_batch(count, ack=False)
+        channel.ack(taken)
+        return taken  # type: ignore[no-any-return]
+
+
+def test_a_rank_killed_holding_taken_items_gives_them_back_and_its_new_process_takes_them(
+        cluster: hwplace.Cluster) -> None:
+    plan = hwplace.ComponentPlacement(cluster.config, cluster)
+    takers = Taker.create_group().launch(cluster, plan.get_strategy("pair"), name="takers",
+                                         restart=hwplace.Restart(max_restarts=1))
+    channel = hwplace.Channel.create("held-by-a-restarted-rank")
+    try:
+        for item in range(6):
+            channel.put(f"item {item}", weight=1, version=item)
+        assert takers.execute_on(1).take(channel, 3).wait() == [["item 0", "item 1", "item 2"]]
+        assert channel.stats().held == 3
+        os.kill(takers.execute_on(1).pid().wait()[0], signal.SIGKILL)
+        restarted(takers, 1)
+        while channel.stats().held:  # the host sees the dead taker's connection close on its own loop
+            time.sleep(0.05)
+        # back at the head, in order, with their versions: the new process takes the same items again
+        assert takers.execute_on(1).take_and_ack(channel, 3).wait() == [["item 0", "item 1", "item 2"]]
+        assert takers.execute_on(0).take_and_ack(channel, 3).wait() == [["item 3", "item 4", "item 5"]]
+        stats = channel.stats()
+        assert (stats.redelivered, stats.held, stats.size) == (3, 0, 0)
+    finally:
+        channel.close()
+        takers.shutdown()

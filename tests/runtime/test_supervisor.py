@@ -43,6 +43,7 @@ class Executor(Restarts):
         self.asked: list[tuple[list[int], int, str]] = []
         self.restarted = threading.Event()
         self.on_death: Callable[[int, str], bool] | None = None
+        self.given_up: list[int] = []
 
     def watch(self, runtime: GroupRuntime, on_death: Callable[[int, str], bool]) -> None:
         self.on_death = on_death
@@ -54,6 +55,9 @@ class Executor(Restarts):
             raise RuntimeError("the session ended")
         self.restarted.set()
         return Done(outcome if isinstance(outcome, BaseException) else None, self.gate)
+
+    def gave_up(self, runtime: GroupRuntime, rank: int) -> None:
+        self.given_up.append(rank)
 
 
 def supervised(policy: hwplace.Restart | None, executor: Executor) -> Supervisor:
@@ -85,6 +89,7 @@ def test_a_rank_is_restarted_alone_until_its_restarts_are_used_up() -> None:
     assert supervisor.failure is not None
     assert str(supervisor.failure) == "group 'g' rank 1 on node 0: for good; its restarts are used up (2 of 2)"
     assert supervisor.died(1, "once more") is False  # dead stays dead
+    assert executor.given_up == []  # on_death's answer told the executor
     assert supervisor.status()[1].cause == "for good"
 
 
@@ -110,6 +115,25 @@ def test_a_failed_restart_counts_as_another_death_and_is_tried_again() -> None:
     assert settled(supervisor) == [("serving", 0), ("serving", 2)]
     assert [attempt for _, attempt, _ in executor.asked] == [1, 2]
     assert executor.asked[1][2].startswith("its restart failed: group 'g' rank 1: the constructor raised")
+    assert executor.given_up == []
+
+
+def given_up(executor: Executor) -> list[int]:
+    """The ranks the supervisor told ``executor`` it gave up, once it told one (the test's limit bounds it)."""
+    while not executor.given_up:
+        threading.Event().wait(0.01)
+    return executor.given_up
+
+
+@pytest.mark.time_limit(30)
+def test_a_failed_restart_with_none_left_leaves_the_rank_dead_and_tells_the_executor_so() -> None:
+    executor = Executor(hwplace.WorkerError("on_restart raised", group="g", rank=1))
+    supervisor = supervised(hwplace.Restart(1), executor)
+    assert supervisor.died(1, "killed") is True
+    assert settled(supervisor) == [("serving", 0), ("dead", 1)]
+    assert supervisor.status()[1].cause == "its restart failed: group 'g' rank 1: on_restart raised"
+    assert given_up(executor) == [1]  # the executor shows it dead to the peers: it heard of no death of it
+    assert supervisor.failure is not None
 
 
 @pytest.mark.time_limit(30)
@@ -120,6 +144,7 @@ def test_a_restart_that_cannot_start_leaves_the_rank_dead_naming_why() -> None:
     assert settled(supervisor) == [("dead", 0), ("serving", 0)]
     assert supervisor.status()[0].cause == "killed; its restart could not start: the session ended"
     assert supervisor.failure is not None
+    assert given_up(executor) == [0]
 
 
 @pytest.mark.time_limit(30)
@@ -180,5 +205,7 @@ def test_incarnations_tell_each_death_once_and_count_a_replaced_process_as_resta
     assert incarnations.died(1, 0, "stopped for the restart") is True  # replaced: restarted, not told
     assert incarnations.died(0, 5, "not a process of this rank") is False
     assert told == [(0, "killed")]
+    incarnations.gave_up(0)  # its restart failed, none left: the peers see it dead
+    assert published[-1] == ((1, 1), ("dead", "serving"))
     incarnations.close()
     assert incarnations.died(0, 1, "after the shutdown") is False

@@ -17,6 +17,8 @@ from unittest import mock
 import pytest
 
 import hwplace
+from hwplace.runtime.weight_sync import links as links_module
+from hwplace.runtime.weight_sync import segments as segments_module
 from hwplace.runtime.weight_sync import sync as sync_module
 
 torch = pytest.importorskip("torch")
@@ -33,6 +35,28 @@ def state_dict(version: int) -> dict[str, Any]:
     return {"w": torch.full((4096,), float(version)), "b": torch.full((3,), float(version))}
 
 
+BUCKET = 4096  # bytes: a state dict of PIECES tensors of a bucket each travels as that many buckets
+PIECES = 8
+
+
+def many_buckets(version: int) -> dict[str, Any]:
+    """A state dict that travels as PIECES buckets (with the sync's ``bucket_bytes=BUCKET``), every value equal to
+    the version: a version cut off between two of its buckets would show as a mix."""
+    return {f"layer{i}": torch.full((BUCKET // 4,), float(version)) for i in range(PIECES)}
+
+
+def dying_at(calls: int, real: Any) -> Any:
+    """``real``, one of the weight sync's transfer steps, but SIGKILLing this process at its ``calls``-th call:
+    in the middle of a transfer, the steps before it done."""
+    count = iter(range(1, 1 << 30))
+
+    def step(*args: Any) -> Any:
+        if next(count) == calls:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args)
+    return step
+
+
 class Trainer(hwplace.Worker):
     def publish(self, sync: hwplace.WeightSync, version: int) -> int:
         return sync.publish(state_dict(version))
@@ -42,6 +66,14 @@ class Trainer(hwplace.Worker):
         torch's CPU shared memory, standing in for CUDA IPC); the others read host copies."""
         with mock.patch.object(sync_module, "source_device", return_value=0):
             return sync.publish(state_dict(version))
+
+    def publish_many(self, sync: hwplace.WeightSync, version: int) -> int:
+        return sync.publish(many_buckets(version))
+
+    def publish_and_die_midway(self, sync: hwplace.WeightSync, version: int) -> int:
+        """SIGKILLed inside ``publish``, after its third bucket went out to the other node and before the rest."""
+        with mock.patch.object(links_module, "_broadcast", dying_at(4, links_module._broadcast)):
+            return sync.publish(many_buckets(version))
 
     def pid(self) -> int:
         return os.getpid()
@@ -54,6 +86,19 @@ class Rollout(hwplace.Worker):
     def latest(self, sync: hwplace.WeightSync, min_version: int) -> tuple[int, list[float]]:
         weights = sync.latest(min_version=min_version, timeout=120)
         return weights.version, sorted({float(v) for t in weights.tensors.values() for v in t.float().reshape(-1)})
+
+    def latest_and_die_midway(self, sync: hwplace.WeightSync, min_version: int) -> tuple[int, list[float]]:
+        """Waits in ``latest`` for ``min_version``, and is SIGKILLed while that version's buckets arrive (after the
+        third, in the thread that receives them)."""
+        real = segments_module.receiving
+
+        def receiving(lengths: Any) -> Any:
+            fill, held = real(lengths)
+            step = dying_at(4, lambda buffer: buffer)  # one count per version received
+            return (step(buffer) for buffer in fill), held
+
+        with mock.patch.object(links_module, "receiving", receiving):
+            return self.latest(sync, min_version)
 
     def pid(self) -> int:
         return os.getpid()
@@ -155,6 +200,63 @@ def test_a_restarted_source_continues_the_version_numbers(cluster: hwplace.Clust
         assert waiting.wait() == [(4, [4.0])] * 3
         assert trainer.publish(sync, 5).wait() == [5]
         assert rollout.latest(sync, 5).wait() == [(5, [5.0])] * 3
+    finally:
+        trainer.shutdown()
+        rollout.shutdown()
+
+
+def values(group: hwplace.WorkerGroup, rank: int, sync: hwplace.WeightSync) -> tuple[int, list[float]]:
+    return group.execute_on(rank).latest(sync, 0).wait()[0]  # type: ignore[no-any-return]
+
+
+def test_a_source_killed_in_the_middle_of_a_publish_goes_on_from_the_next_version(cluster: hwplace.Cluster) -> None:
+    trainer, rollout = launch(cluster, hwplace.Restart(max_restarts=1), None)
+    try:
+        sync = hwplace.WeightSync.create("midway", source="trainer", targets=("rollout",), bucket_bytes=BUCKET)
+        first = rollout.latest(sync, 1)
+        assert trainer.publish_many(sync, 1).wait() == [1]
+        assert first.wait() == [(1, [1.0])] * 3
+        with pytest.raises(hwplace.WorkerError, match="died") as caught:  # some buckets of version 2 went out
+            trainer.publish_and_die_midway(sync, 2).wait()
+        assert caught.value.restarted is True
+        # each target has version 1, or 2 if the whole of it reached it (the same node's copy was laid down whole
+        # before the kill), never a mix of the two
+        kept = [values(rollout, rank, sync) for rank in range(3)]
+        assert all(k in [(1, [1.0]), (2, [2.0])] for k in kept), kept
+        assert kept[2] == (1, [1.0])  # the other node's buckets were cut off: it keeps the version before
+        waiting = rollout.latest(sync, 3)  # waits through the source's restart
+        restarted(trainer, [0])
+        assert trainer.publish_many(sync, 3).wait() == [3]  # version 2 was noted before it was sent: never reused
+        assert waiting.wait() == [(3, [3.0])] * 3
+        assert trainer.publish_many(sync, 4).wait() == [4]
+        assert rollout.latest(sync, 4).wait() == [(4, [4.0])] * 3
+    finally:
+        trainer.shutdown()
+        rollout.shutdown()
+
+
+def test_a_target_killed_inside_latest_while_its_version_arrives_gets_the_newest_once_restarted(
+        cluster: hwplace.Cluster) -> None:
+    trainer, rollout = launch(cluster, None, hwplace.Restart(max_restarts=1))
+    try:
+        sync = hwplace.WeightSync.create("inside", source="trainer", targets=("rollout",), bucket_bytes=BUCKET)
+        first = rollout.latest(sync, 1)
+        assert trainer.publish_many(sync, 1).wait() == [1]
+        assert first.wait() == [(1, [1.0])] * 3
+        pids = rollout.pid().wait()
+        dying = rollout.execute_on(2).latest_and_die_midway(sync, 2)  # the other node's rank: buckets follow
+        waiting = rollout.execute_on(0, 1).latest(sync, 2)
+        assert trainer.publish_many(sync, 2).wait() == [2]  # the source goes on past the target that died
+        with pytest.raises(hwplace.WorkerError, match="died") as caught:
+            dying.wait()
+        assert caught.value.restarted is True
+        assert waiting.wait() == [(2, [2.0])] * 2  # the others got it
+        restarted(rollout, [2])
+        assert rollout.pid().wait()[2] != pids[2]
+        assert values(rollout, 2, sync) == (2, [2.0])  # the newest, with no publish since
+        assert trainer.publish_many(sync, 3).wait() == [3]
+        assert rollout.latest(sync, 3).wait() == [(3, [3.0])] * 3
+        assert trainer.dead_targets(sync).wait() == [[]]
     finally:
         trainer.shutdown()
         rollout.shutdown()

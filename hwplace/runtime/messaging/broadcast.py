@@ -17,7 +17,7 @@ failed names the member whose death its executor reports within ``NOTICE`` s. A 
 later broadcasts over it raise it at once. A gloo wait cannot be ended, by ``abort`` neither, and a process
 group's destructor waits for it: the communicator of an abandoned wait is aborted and kept, never used again.
 Imports the layers below, :mod:`hwplace.runtime.messaging.communicator`,
-:func:`~hwplace.runtime.messaging.devices.abort` and :func:`~hwplace.runtime.messaging.pair.first_line`.
+:func:`~hwplace.runtime.messaging.devices.abort` and :func:`~hwplace.foundation.wording.first_line`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 from hwplace.contracts.capabilities import Rendezvous
 from hwplace.contracts.executor import Executor, GroupEntry
 from hwplace.foundation.errors import ConfigError, WorkerError
+from hwplace.foundation.wording import first_line
 from hwplace.runtime.messaging.communicator import (
     CONNECT_TIMEOUT,
     HEADER,
@@ -48,7 +49,7 @@ from hwplace.runtime.messaging.communicator import (
     torch_module,
 )
 from hwplace.runtime.messaging.devices import abort
-from hwplace.runtime.messaging.pair import WATCH_LIMIT, WATCH_TAG, first_line
+from hwplace.runtime.messaging.pair import WATCH_LIMIT, WATCH_TAG
 
 WATCH = 0.25  # seconds between looks at the members' group entries while a broadcast waits
 

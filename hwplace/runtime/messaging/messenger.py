@@ -32,7 +32,7 @@ from hwplace.runtime.messaging.communicator import (
     torch_module,
 )
 from hwplace.runtime.messaging.devices import chosen_device
-from hwplace.runtime.messaging.pair import MessageHandle, Pair
+from hwplace.runtime.messaging.pair import MessageHandle, Pair, peer_error
 
 
 class Messenger:
@@ -69,6 +69,9 @@ class Messenger:
             if found is not None and (found.peer.launch_id, found.peer.incarnation(checked)) == \
                     (entry.launch_id, entry.incarnation(checked)):
                 return found  # the same, failed peer process: its error stands
+            if entry.state(checked) == "dead":  # its last restart failed, say: no process of it will answer
+                raise peer_error(entry, checked, "the worker is dead and will not come back (its restarts are "
+                                 "used up, or it has none); nothing is sent to or received from it")
             made = self.pairs[(group, checked)] = Pair(self.connect, self.entry, self.context.rank,
                                                        self.context.placement, self.chosen, entry, checked)
             return made

@@ -39,6 +39,7 @@ from typing import Any
 from hwplace.contracts.executor import GroupEntry, Pending
 from hwplace.contracts.records import Placement
 from hwplace.foundation.errors import WorkerError
+from hwplace.foundation.wording import first_line
 from hwplace.planning.sharing import HOST, NCCL, message_path
 from hwplace.plugin.session import get_plugin_manager
 from hwplace.runtime.messaging.communicator import (
@@ -137,10 +138,6 @@ class Recycled:
 def peer_error(entry: GroupEntry, rank: int, problem: str) -> WorkerError:
     return WorkerError(problem, group=entry.name, rank=rank, node_rank=entry.placements[rank].node_rank)
 
-
-def first_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return lines[0].strip() if lines else type(exc).__name__
 
 
 class Pair:

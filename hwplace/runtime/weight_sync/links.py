@@ -35,6 +35,7 @@ from typing import Any
 from hwplace.contracts.capabilities import Rendezvous
 from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import HwplaceError, WeightSyncError
+from hwplace.foundation.wording import first_line
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import connect, find_entry, torch_module
 from hwplace.runtime.weight_sync.announcements import Announcement, Follows, frames, recv_pickle
@@ -73,9 +74,6 @@ def link_key(uid: str, source: int, target: Member, incarnation: int) -> str:
     ``target``: a restarted end meets the other afresh, never the stale key of a process that died."""
     return f"wsync/{uid}/{source}/{target[0]}/{target[1]}.{incarnation}"
 
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 class Link:
@@ -120,7 +118,7 @@ class Link:
 
     def broke(self, exc: BaseException) -> WeightSyncError:
         self.error = WeightSyncError(f"weight sync {self.name!r}: the link to its target {self.where} broke "
-                                     f"({_first_line(exc)}); that worker has died or shut down")
+                                     f"({first_line(exc)}); that worker has died or shut down")
         return self.error
 
     def _run(self, key: str, members: tuple[Member, Member], context: WorkerContext) -> None:
@@ -175,6 +173,11 @@ def buckets_of(note: Announcement, copies: Sequence[Any]) -> Buckets:
     return zip(copies, note.digests, strict=True) if isinstance(note.where, Follows) else ()
 
 
+def _broadcast(comm: Any, tensor: Any) -> list[Any]:
+    """Start sending one bucket on a link (tests stand in here to end the source midway through a version)."""
+    return [comm.gloo.broadcast(tensor, 0)]
+
+
 def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) -> None:
     """Send ``note`` (and, when its buckets follow, ``buckets``) on every link now, each bucket to all of them
     at once before the next is taken; links that already have this version or a newer one are left out. A link
@@ -189,11 +192,12 @@ def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) ->
         works: dict[int, list[Any]] = {}
         due = [0.0]  # when the sends started so far have crossed their (emulated) links
 
-        def start(link: Link, tensors: Sequence[Any]) -> None:
+        def start(link: Link, tensors: Sequence[Any], bucket: bool = False) -> None:
             if link in live:
                 try:
                     for tensor in tensors:
-                        works.setdefault(id(link), []).append(link.comm.gloo.broadcast(tensor, 0))
+                        sent = _broadcast(link.comm, tensor) if bucket else [link.comm.gloo.broadcast(tensor, 0)]
+                        works.setdefault(id(link), []).extend(sent)
                         if link.pair is not None:
                             due[0] = max(due[0], model.charge(link.pair, tensor.nbytes))
                 except BaseException as exc:
@@ -221,7 +225,7 @@ def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) ->
                     if buffer.nbytes:
                         tensor = torch.from_numpy(buffer)
                         for link in list(live):
-                            start(link, [tensor])
+                            start(link, [tensor], bucket=True)
                         settle()  # one bucket in flight
                     digests.append(digest)
             if note.where.digests_follow:
@@ -284,7 +288,7 @@ class Receiver:
             with self._changed:
                 if not self._closed:
                     self._error = WeightSyncError(f"weight sync {self.name!r}: the link from {self.upstream} broke "
-                                                  f"({_first_line(exc)})")
+                                                  f"({first_line(exc)})")
                 self._changed.notify_all()
 
     def _receive(self, key: str, members: tuple[Member, ...], context: WorkerContext,

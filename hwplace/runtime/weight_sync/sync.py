@@ -81,6 +81,18 @@ def continued_version(rendezvous: Rendezvous, uid: str) -> int:
         return 0
 
 
+def noted_version(sync: WeightSync, rendezvous: Rendezvous) -> int:
+    """The newest version ``sync``'s source noted (before sending it), read from anywhere, the driver too: what a
+    snapshot records, for a resumed job's source to go on from (0 when none was published)."""
+    return continued_version(rendezvous, sync._uid)
+
+
+def note_version(sync: WeightSync, rendezvous: Rendezvous, version: int) -> None:
+    """Before ``sync``'s source first publishes: its versions go on from ``version`` (a resumed job's, from its
+    snapshot), never back below one noted already."""
+    rendezvous.kv_put(version_key(sync._uid), str(max(version, continued_version(rendezvous, sync._uid))).encode())
+
+
 def state_bytes(state_dict: Mapping[Any, Any]) -> int:
     """The bytes of a state dict's tensors and arrays (what a publish span notes, for profiles)."""
     return sum(int(getattr(value, "nbytes", 0)) for value in state_dict.values())
@@ -160,12 +172,13 @@ class WeightSync:
         return {group: find_entry(executor, group) for group in dict.fromkeys(t.group for t in self.plan)}
 
     def _start(self, state: _State, context: WorkerContext) -> None:
-        """This process's first publish: the version it continues from (a restarted source's predecessor's, from
-        the rendezvous), a link to each target's current process, and the thread that re-links a restarted one."""
+        """This process's first publish: the version it continues from (a restarted source's predecessor's, or
+        the one a resumed job noted from its snapshot, from the rendezvous), a link to each target's current
+        process, and the thread that re-links a restarted one."""
         rendezvous = session().require(Rendezvous, "weight sync")
         me = find_entry(session().executor, self.source).incarnation(self.source_rank)
         entries = self._entries()  # all found before anything is kept: a group not found leaves no half start
-        state.version = continued_version(rendezvous, self._uid) if me else state.version
+        state.version = continued_version(rendezvous, self._uid)  # a restarted source's, or a resumed job's
         state.me = me
         for t in self._direct():
             state.links[t.group, t.rank] = self._link(state, t, entries[t.group].incarnation(t.rank), context)

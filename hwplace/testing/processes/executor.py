@@ -195,6 +195,11 @@ class ProcessExecutor(Executor, ChannelHosting, Rendezvous, Leases, TurnArbitrat
             raise HwplaceError(f"{runtime!r} was not started by a process cluster")
         return runtime.restart(ranks, attempt, cause)
 
+    def gave_up(self, runtime: GroupRuntime, rank: int) -> None:
+        if not isinstance(runtime, ProcessGroupRuntime):
+            raise HwplaceError(f"{runtime!r} was not started by a process cluster")
+        runtime.incarnations.gave_up(rank)
+
     def turn_arbiter(self, placement: Placement) -> TurnAddress | None:
         return self._hub().call("turn_arbiter", placement.node_id)  # type: ignore[no-any-return]
 
