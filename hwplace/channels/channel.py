@@ -146,15 +146,13 @@ def decode(payloads: Sequence[bytearray], store: ObjectStore, keep: bool = False
         offset = 1 + _BUFFERS.size + count * _BUFFER.size
         sizes = [_BUFFER.unpack_from(view, 1 + _BUFFERS.size + i * _BUFFER.size)[0] for i in range(count)]
         data_end = len(view) - wire.TRAILER.size - sum(sizes)
-        buffers, at = [], data_end
-        for size in sizes:
-            buffers.append(view[at : at + size])
-            at += size
+        starts = [data_end + sum(sizes[:i]) for i in range(count)]
+        buffers = [view[start : start + size] for start, size in zip(starts, sizes, strict=True)]
         items[index] = pickle.loads(view[offset:data_end], buffers=buffers)
     if stashed:
         keys = [key for _, key in stashed]
-        for (index, _), item in zip(stashed, store.fetch(keys, keep=True) if keep else store.fetch(keys),
-                                    strict=True):
+        fetched = store.fetch(keys, keep=True) if keep else store.fetch(keys)
+        for (index, _), item in zip(stashed, fetched, strict=True):
             items[index] = item
     return items
 

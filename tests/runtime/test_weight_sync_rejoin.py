@@ -89,15 +89,21 @@ class Rollout(hwplace.Worker):
 
     def latest_and_die_midway(self, sync: hwplace.WeightSync, min_version: int) -> tuple[int, list[float]]:
         """Waits in ``latest`` for ``min_version``, and is SIGKILLed while that version's buckets arrive (after the
-        third, in the thread that receives them)."""
-        real = segments_module.receiving
+        third, in the thread that receives them): into a file of its own, or, when it relays for its node, into
+        its node's segment."""
+        real, real_fill = segments_module.receiving, segments_module.SegmentPool.fill
 
         def receiving(lengths: Any) -> Any:
             fill, held = real(lengths)
             step = dying_at(4, lambda buffer: buffer)  # one count per version received
             return (step(buffer) for buffer in fill), held
 
-        with mock.patch.object(links_module, "receiving", receiving):
+        def fill(pool: Any, version: int, lengths: Any, write: Any) -> Any:
+            step = dying_at(4, lambda view: view)
+            return real_fill(pool, version, lengths, lambda views: write(step(view) for view in views))
+
+        with mock.patch.object(links_module, "receiving", receiving), \
+                mock.patch.object(segments_module.SegmentPool, "fill", fill):
             return self.latest(sync, min_version)
 
     def pid(self) -> int:
