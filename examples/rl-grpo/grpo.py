@@ -246,7 +246,7 @@ def main(job: hwplace.Job) -> dict[str, Any]:
     snapshotted = done
     while done < settings["steps"]:
         ranks = trainers.step(producers, lambda rank: rank.step(channel, demos),
-                              lambda rank, generation: rank.reform(sync, generation))
+                              lambda rank, generation, kept: rank.reform(sync, generation, kept))
         steps.append(ranks)
         done, cursor.trained = ranks[0]["step"], ranks[0]["trained"]
         if "exact_match" in ranks[0]:

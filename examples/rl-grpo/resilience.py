@@ -144,17 +144,19 @@ class Trainers:
     group: hwplace.WorkerGroup
     generation: int = 0
     restarts: list[tuple[str, int, float]] = dataclasses.field(default_factory=list)
+    kept: dict[str, Any] | None = None  # the state of the last step seen (rank 0's ``state`` in its result)
 
     def step(self, producers: Producers, call: Callable[[hwplace.WorkerGroup], hwplace.Handle],
-             reform: Callable[[hwplace.WorkerGroup, int], hwplace.Handle]) -> list[Any]:
+             reform: Callable[[hwplace.WorkerGroup, int, Any], hwplace.Handle]) -> list[Any]:
         """``call`` on every rank; when a rank died meanwhile (its group restarts it in place), wait for it,
-        form the collective anew with ``reform`` (which re-seeds the restarted rank from a live one), and call
-        again. A failure that no restart explains is raised."""
+        form the collective anew with ``reform`` (which re-seeds the restarted rank from a live one, or from the
+        state kept here when none is left), and call again. A failure that no restart explains is raised."""
         while True:
             ranks = range(self.group.world_size)
             outcomes = wait_all([call(self.group.execute_on(rank)) for rank in ranks], producers)
             failures = [o for o in outcomes if isinstance(o, BaseException)]
             if not failures:
+                self.kept = outcomes[0].pop("state", self.kept)
                 return outcomes
             died = time.monotonic()
             if not any(isinstance(f, hwplace.WorkerError) and f.restarted for f in failures):
@@ -163,7 +165,7 @@ class Trainers:
             self.restarts += [("trainer", rank, time.monotonic() - died) for rank, outcome in enumerate(outcomes)
                               if isinstance(outcome, hwplace.WorkerError) and outcome.restarted]
 
-    def _reform(self, producers: Producers, reform: Callable[[hwplace.WorkerGroup, int], hwplace.Handle],
+    def _reform(self, producers: Producers, reform: Callable[[hwplace.WorkerGroup, int, Any], hwplace.Handle],
                 failures: list[BaseException]) -> None:
         while True:
             while any(status.state != "serving" for status in self.group.status()):
@@ -174,7 +176,7 @@ class Trainers:
                 producers.check()
                 time.sleep(POLL / 5)
             self.generation += 1
-            outcomes = wait_all([reform(self.group.execute_on(rank), self.generation)
+            outcomes = wait_all([reform(self.group.execute_on(rank), self.generation, self.kept)
                                  for rank in range(self.group.world_size)], producers)
             failures = [o for o in outcomes if isinstance(o, BaseException)]
             if not failures:

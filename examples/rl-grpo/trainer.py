@@ -66,22 +66,28 @@ class Trainer(hwplace.Worker):
             self._publish(first=True)
         return self.version, self.offset
 
-    def reform(self, sync: hwplace.WeightSync, generation: int) -> None:
+    def reform(self, sync: hwplace.WeightSync, generation: int, kept: dict[str, Any] | None) -> None:
         """After a rank died: form the collective anew and give every rank the state of the live rank that got
-        furthest (a restarted rank has nothing), then acknowledge what the adopted history already trained on."""
+        furthest (a restarted rank has nothing), or, when every rank restarted, ``kept``: the state the driver
+        kept of the last step it saw. Then acknowledge what the adopted history already trained on."""
         self.sync = sync
         self.collective.form(generation)
         with self.turn():
             everyone: list[Any] = [None] * self.world_size
             dist.all_gather_object(everyone, (not self.fresh, len(self.history)))
-            seed = max(range(self.world_size), key=lambda r: everyone[r])
-            if not everyone[seed][0]:
-                raise RuntimeError("every trainer rank restarted at once: no live rank to re-seed from (resume the "
-                                   "job from a snapshot)")
-            state = [self.state_dict() if self.rank == seed else None]
-            dist.broadcast_object_list(state, src=seed)
-            if self.rank != seed:
-                self.load_state_dict(state[0])
+            live = [rank for rank in range(self.world_size) if everyone[rank][0]]
+            if live:
+                seed = max(live, key=lambda r: everyone[r][1])
+                state = [self.state_dict() if self.rank == seed else None]
+                dist.broadcast_object_list(state, src=seed)
+                if self.rank != seed:
+                    self.load_state_dict(state[0])
+            elif kept is not None:
+                self.load_state_dict(kept)
+                self.published = -1  # what the source published after that step died with it: publish again
+            else:
+                raise RuntimeError("every trainer rank restarted before the first step: there is no state to re-seed "
+                                   "them from")
             if self.pending and len(self.history) > self.pending_at:  # the step that failed did train on it
                 self._acknowledge()
             if self.published != len(self.history):
@@ -112,6 +118,8 @@ class Trainer(hwplace.Worker):
         step trained on comes back when its taker died after the step), then the demonstrations. The prompt of
         stale experience goes back to the prompts, to be sampled again with the newest weights: never lost."""
         s = self.settings
+        if self.pending and len(self.history) > self.pending_at:  # the last step trained on it
+            self._acknowledge()
         if not self.pending:
             self.pending_at = len(self.history)
             oldest = max(1, self.version - s["max_staleness"])
@@ -215,8 +223,7 @@ class Trainer(hwplace.Worker):
             self._publish()
             published_at = time.monotonic()
             times["publish weights"] = time.perf_counter() - start
-            self._acknowledge()
-            step = len(self.history)
+            step = len(self.history)  # the batch is acknowledged when the driver has this step's result
             result: dict[str, Any] = {"step": step, "trained": len(self.trained),
                                       "tokens": sum(g["tokens"] for g in batch), "groups": len(batch),
                                       "losses": losses, "times": times, "version": self.version,
@@ -226,6 +233,8 @@ class Trainer(hwplace.Worker):
                                       "demo_tokens": demo_tokens}
             if self.rank == 0 and (step % s["eval_every"] == 0 or step == s["steps"]):
                 result["exact_match"] = rl.exact_match(self.policy, self.held_out)
+            if self.rank == 0:  # for the driver to keep: what re-seeds the ranks if every one of them dies
+                result["state"] = self.state_dict()
             self.turns.append((entered, time.monotonic()))
         return result
 

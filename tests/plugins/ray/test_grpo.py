@@ -141,13 +141,14 @@ def test_a_worker_killed_mid_run_is_a_worker_error_not_a_hang(hwplace_local_ray:
     assert job.groups == {}
 
 
-KILLS = [("trainer", 1), ("rollout", 1), ("trainer", 0), ("env", 0), ("robot", 1)]
+KILLS = [("trainer", 1), ("rollout", 1), ("trainer", 0), ("env", 0), ("robot", 1), ("trainer", 0, 1)]
 
 
 def test_the_job_survives_a_kill_of_every_component(hwplace_local_ray: LocalRay, tmp_path: Path) -> None:
     """With the config's restart: section: a trainer rank (each of the two, one of them the weight sync's
-    source), a rollout, an env and a robot process SIGKILLed while the job trains, one every 8 steps. The job
-    finishes every step; no prompt is lost or trained on twice; the weights' versions go on."""
+    source), a rollout, an env and a robot process SIGKILLed while the job trains, one every 8 steps, and then
+    both trainer ranks at once (re-seeded from the state the driver kept of the last step). The job finishes
+    every step; no prompt is lost or trained on twice; the weights' versions go on."""
     config = hwplace.load_config(GRPO / "grpo.yaml")
     steps = 8 * len(KILLS) + 8
     config["job"].update(steps=steps, eval_every=steps, eval_prompts=20)
@@ -184,11 +185,12 @@ def test_the_job_survives_a_kill_of_every_component(hwplace_local_ray: LocalRay,
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
-        for index, (group, rank) in enumerate(KILLS):
+        for index, (group, *ranks) in enumerate(KILLS):
             while not progress.exists() or int(progress.read_text() or 0) < 8 * index + 4:
                 assert thread.is_alive(), outcome
                 time.sleep(0.1)
-            os.kill(int((pids / f"{group}-{rank}").read_text()), signal.SIGKILL)
+            for rank in ranks:
+                os.kill(int((pids / f"{group}-{rank}").read_text()), signal.SIGKILL)
         thread.join()  # the module's time limit reaches a hang
     finally:
         job.shutdown()
@@ -199,7 +201,7 @@ def test_the_job_survives_a_kill_of_every_component(hwplace_local_ray: LocalRay,
     ledger = summary["resilience"]
     assert (ledger["lost"], ledger["trained_twice"]) == (0, 0), ledger
     restarted = sorted((component, rank) for component, rank, _ in ledger["restarts"])
-    assert restarted == sorted(KILLS), restarted
+    assert restarted == sorted((group, rank) for group, *ranks in KILLS for rank in ranks), restarted
     versions = [version for _, version in ledger["published"]]
     assert versions == sorted(versions), versions
     assert len(set(versions)) == len(versions), versions  # never reused
