@@ -12,9 +12,9 @@ import pytest
 
 import hwplace
 from hwplace.runtime.weight_sync import device_share
+from hwplace.runtime.weight_sync.announcements import Announcement
 from hwplace.runtime.weight_sync.device_share import CPU, ShareKind, SlotWriter
 from hwplace.runtime.weight_sync.intake import Intake
-from hwplace.runtime.weight_sync.links import Announcement
 from hwplace.runtime.weight_sync.transports import SameDevice, SameNode, choose, source_device
 
 torch = pytest.importorskip("torch")

@@ -158,7 +158,7 @@ def test_the_job_survives_a_kill_of_every_component(hwplace_local_ray: LocalRay,
     progress = tmp_path / "step"
     classes = {"trainer": "Trainer", "rollout": "Rollout", "env": "Env", "robot": "Robot"}
 
-    def recording(cls: type) -> type:
+    def recording(cls: Any) -> type:
         def init(worker: Any, settings: dict[str, Any]) -> None:
             cls.__init__(worker, settings)
             (pids / f"{worker.group_name}-{worker.rank}").write_text(str(os.getpid()))
