@@ -145,6 +145,7 @@ class Trainers:
     generation: int = 0
     restarts: list[tuple[str, int, float]] = dataclasses.field(default_factory=list)
     kept: dict[str, Any] | None = None  # the state of the last step seen (rank 0's ``state`` in its result)
+    counted: list[int] = dataclasses.field(default_factory=list)  # each rank's restarts in ``restarts`` so far
 
     def step(self, producers: Producers, call: Callable[[hwplace.WorkerGroup], hwplace.Handle],
              reform: Callable[[hwplace.WorkerGroup, int, Any], hwplace.Handle]) -> list[Any]:
@@ -162,8 +163,12 @@ class Trainers:
             if not any(isinstance(f, hwplace.WorkerError) and f.restarted for f in failures):
                 raise failures[0]
             self._reform(producers, reform, failures)
-            self.restarts += [("trainer", rank, time.monotonic() - died) for rank, outcome in enumerate(outcomes)
-                              if isinstance(outcome, hwplace.WorkerError) and outcome.restarted]
+            statuses = self.group.status()
+            self.counted += [0] * (len(statuses) - len(self.counted))
+            for status in statuses:  # every restart since the last look, those during a reform too
+                self.restarts += [("trainer", status.rank, time.monotonic() - died)] * (status.restarts -
+                                                                                       self.counted[status.rank])
+                self.counted[status.rank] = status.restarts
 
     def _reform(self, producers: Producers, reform: Callable[[hwplace.WorkerGroup, int, Any], hwplace.Handle],
                 failures: list[BaseException]) -> None:
