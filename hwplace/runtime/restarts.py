@@ -80,6 +80,7 @@ class Supervisor:
         self._listeners: list[Callable[[WorkerError], None]] = session().state(FAILURE_LISTENERS, list)
         self._told_failure = False
         self._given_up: list[int] = []  # ranks left dead after a failed restart, for the executor to show so
+        self._early: dict[int, str] = {}  # deaths of a new process before its restart was seen through
 
     def start(self) -> None:
         """Be told of each death from now on (when the executor can restart)."""
@@ -101,8 +102,10 @@ class Supervisor:
         with self._lock:
             if self._closed or self._states[rank] == DEAD:
                 return False
-            if self._states[rank] == RESTARTING:
-                return True  # stopped by its group's restart, or the death of a process being restarted
+            if self._states[rank] == RESTARTING:  # a process stopped by its group's restart; or, restarting a rank
+                if self.policy.scope == "rank":  # alone, its new process, dead before the restart was seen
+                    self._early[rank] = cause  # through: once it is (its constructor returned), another death
+                return True
             self._causes[rank] = cause
             restarting = self._next(rank, cause)
         self._changed()
@@ -158,6 +161,8 @@ class Supervisor:
         except Exception as exc:  # a constructor raised, the node is gone, the session ended
             failed = exc.rank if isinstance(exc, WorkerError) and exc.rank in ranks else ranks[0]
             with self._lock:
+                for r in ranks:
+                    self._early.pop(r, None)  # this failure is that death
                 if self._closed:
                     return
                 cause = f"its restart failed: {first_line(exc)}"
@@ -170,6 +175,11 @@ class Supervisor:
             for r in ranks:
                 if self._states[r] == RESTARTING:
                     self._states[r] = SERVING
+            for r in ranks:
+                early = self._early.pop(r, None)
+                if early is not None and self._states[r] == SERVING and not self._closed:
+                    self._causes[r] = early
+                    self._next(r, early)
         self._changed()
 
 

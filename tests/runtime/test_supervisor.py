@@ -108,6 +108,21 @@ def test_scope_group_restarts_every_rank_and_counts_once_for_the_group() -> None
 
 
 @pytest.mark.time_limit(30)
+def test_a_new_process_that_dies_before_its_restart_is_seen_through_counts_as_another_death() -> None:
+    """Its constructor returned, but the supervisor had not seen the restart through when the death came (a loaded
+    machine): once it has, the death counts, and the rank is restarted again rather than left serving a corpse."""
+    gate = threading.Event()
+    executor = Executor(gate=gate)
+    supervisor = supervised(hwplace.Restart(2), executor)
+    assert supervisor.died(1, "killed") is True
+    assert supervisor.died(1, "the new process died too") is True  # still restarting: told once it is through
+    gate.set()
+    assert settled(supervisor) == [("serving", 0), ("serving", 2)]
+    assert [(ranks, attempt) for ranks, attempt, _ in executor.asked] == [([1], 1), ([1], 2)]
+    assert executor.asked[1][2] == "the new process died too"
+
+
+@pytest.mark.time_limit(30)
 def test_a_failed_restart_counts_as_another_death_and_is_tried_again() -> None:
     executor = Executor(hwplace.WorkerError("the constructor raised", group="g", rank=1))
     supervisor = supervised(hwplace.Restart(3), executor)

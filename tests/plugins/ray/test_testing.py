@@ -103,7 +103,7 @@ def interrupt_when_node_1_starts():
 threading.Thread(target=interrupt_when_node_1_starts, daemon=True).start()
 found = {}
 try:
-    with local_ray_cluster(3):
+    with local_ray_cluster(4):  # two more nodes to start after node 1: time for the interrupt on a loaded machine
         found["started"] = True
 except KeyboardInterrupt:
     found["interrupted"] = True
