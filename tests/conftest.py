@@ -7,6 +7,8 @@ import contextlib
 import importlib
 import sys
 import textwrap
+import threading
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,7 +87,14 @@ def _time_limit(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
         return
     seconds = int(marker.args[0])
-    with alarm(seconds, lambda: TimeoutError(f"the test took over {seconds} s")):
+
+    def expired() -> TimeoutError:  # with where every other thread was: the cause of a hang is often there
+        names = {thread.ident: thread.name for thread in threading.enumerate()}
+        stacks = "".join(f"\n--- thread {names.get(ident, ident)}\n{''.join(traceback.format_stack(frame))}"
+                         for ident, frame in sys._current_frames().items() if ident != threading.get_ident())
+        return TimeoutError(f"the test took over {seconds} s; the other threads:{stacks}")
+
+    with alarm(seconds, expired):
         yield
 
 
