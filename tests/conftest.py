@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from limits import alarm
 
 from hwplace.plugin import manager as plugin_manager
@@ -23,6 +24,12 @@ from hwplace.testing import Session, swapped_session
 pytest_plugins = ("runtime_clusters",)  # the two-executor cluster fixture of the runtime's tests
 
 FakeDistribution = Callable[..., Path]
+
+
+# Hypothesis fails an example that runs over 200 ms by default: a wall-clock assertion, which no test makes (a
+# loaded machine stretches any example past it). The time_limit marker and pytest-timeout bound a test instead.
+settings.register_profile("hwplace", deadline=None)
+settings.load_profile("hwplace")
 
 
 TIME_LIMIT_GRACE = 30
