@@ -186,7 +186,7 @@ def device_digest(data: Any, chunk_words: int = CHUNK_WORDS) -> str:
     return f"wsum:{int(s1.item()) & MASK:016x}:{int(s2.item()) & MASK:016x}:{nbytes}"
 
 
-def _source_device(tensors: Mapping[str, Any]) -> Any:
+def source_tensors_device(tensors: Mapping[str, Any]) -> Any:
     """The one device of the state dict's tensors; ``WeightSyncError`` naming an entry that is not one."""
     torch = torch_module()
     if not isinstance(tensors, Mapping) or not tensors:
@@ -252,7 +252,7 @@ class SlotWriter:
         torch = torch_module()
         if not self._closed.alive:
             raise WeightSyncError(f"weight sync version {version}: the device slots are closed")
-        device = _source_device(tensors)
+        device = source_tensors_device(tensors)
         values = [carried(name, t).detach() for name, t in tensors.items()]
         sizes = [t.numel() * t.element_size() for t in values]
         offsets, used = slot_layout(sizes)
@@ -295,14 +295,15 @@ class SlotWriter:
         self._closed()
 
 
-def views(descriptor: SlotDescriptor, data: Any) -> dict[str | int, Any]:
-    """The tensors of ``descriptor``'s entries as views of ``data`` (its bytes), in their order (an
-    ``nn.Parameter`` rebuilt as one)."""
+def entry_views(entries: Sequence[SlotEntry], data: Any, base: int = 0) -> dict[str | int, Any]:
+    """The tensors of ``entries`` as views of ``data``, which holds their bytes from offset ``base`` on, in their
+    order (an ``nn.Parameter`` rebuilt as one)."""
     torch = torch_module()
     out = {}
-    for e in descriptor.entries:
+    for e in entries:
         dtype = getattr(torch, e.dtype)
-        tensor = (data[e.offset : e.offset + e.nbytes].view(dtype).view(e.shape) if e.nbytes
+        at = e.offset - base
+        tensor = (data[at : at + e.nbytes].view(dtype).view(e.shape) if e.nbytes
                   else torch.empty(e.shape, dtype=dtype, device=data.device))
         out[e.name] = rebuilt(tensor, e.kind, e.requires_grad)
     return out
@@ -328,7 +329,7 @@ class SlotReader:
             fits = into is not None and into.device == data.device and into.numel() >= data.numel()
             private = into if fits else torch.empty(max(data.numel(), 1), dtype=torch.uint8, device=data.device)
             private[: data.numel()].copy_(data)
-        return views(descriptor, private)
+        return entry_views(descriptor.entries, private)
 
     @contextlib.contextmanager
     def held(self, descriptor: SlotDescriptor) -> Iterator[Any]:

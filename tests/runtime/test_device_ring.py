@@ -1,0 +1,295 @@
+"""The ring of device buckets of a weight sync (no Ray), on CPU through torch's file-system shared memory standing
+in for CUDA IPC: memory bounded by the ring over many versions (bytes held, counted), a model larger than the ring
+intact (its rest in host buckets), load_into across buckets, torn and corrupted reads, concurrent targets in
+threads and in other processes, and a reader killed while it holds a version (tests/config/test_weight_sync_section.py
+refuses bucket sizes out of bounds)."""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pytest
+from slot_reading import ask, raw, reading_process
+
+import hwplace
+from hwplace.planning.sync_plan import SyncPlan, SyncTarget, source_ring_bytes
+from hwplace.runtime.weight_sync.device_ring import RingReader, RingWriter, pieces
+from hwplace.runtime.weight_sync.device_share import TornRead
+
+torch = pytest.importorskip("torch")
+nn: Any = torch.nn
+
+
+def state(version: float, extra: int = 0) -> dict[str, Any]:
+    """About 6 KiB in tensors of many kinds, each value saying ``version``: a parameter that wants gradients, a
+    non-contiguous view, a 0-dim step, empty and odd-length ones; ``extra`` more float32 values."""
+    v = float(version)
+    return {"w": torch.nn.Parameter(torch.full((1000,), v)), "bf16": torch.full((33,), v, dtype=torch.bfloat16),
+            "t": (torch.arange(6, dtype=torch.int16).reshape(2, 3) * int(v)).t(), "step": torch.tensor(int(v)),
+            "empty": torch.zeros(0, 3), "z": torch.full((3,), complex(v, -v), dtype=torch.complex64),
+            "mask": torch.tensor([True, False, v > 1]), "tail": torch.full((300 + extra,), v)}
+
+
+def assert_same(got: dict[Any, Any], expected: dict[Any, Any]) -> None:
+    assert list(got) == list(expected)
+    for name, value in expected.items():
+        assert (got[name].dtype, tuple(got[name].shape)) == (value.dtype, tuple(value.shape)), name
+        assert torch.equal(got[name], value.detach()), name
+    assert isinstance(got["w"], torch.nn.Parameter)
+    assert got["w"].requires_grad
+
+
+def shm_files(writer: RingWriter) -> set[str]:
+    return {"/dev/shm" + b.handle[1].decode() for b in writer._buckets.values()}
+
+
+@pytest.mark.parametrize(("bucket_bytes", "ring"), [(64 * 2**20, 8), (1024, 16), (1024, 3), (1000, 1), (256, 2)])
+def test_a_version_round_trips_whatever_the_ring(bucket_bytes: int, ring: int) -> None:
+    writer, reader = RingWriter(bucket_bytes=bucket_bytes, device_buckets=ring), RingReader()
+    for version in (1, 2, 3):
+        descriptor = writer.write(version, state(version))
+        assert_same(reader.read(descriptor), state(version))
+        assert sum(b.nbytes for b in descriptor.buckets) == descriptor.nbytes
+    assert writer.device_bytes <= ring * writer.bucket_bytes
+
+
+def test_memory_stays_bounded_by_the_ring_over_many_versions() -> None:
+    """Bytes held, counted at every version, whatever the sizes that come and go: the ring (device) never past
+    its buckets, the host buckets never past what the version needs beyond the ring, a bucket each; once the size
+    holds still, exactly what sync_plan.source_ring_bytes says. A reader maps at most every bucket."""
+    writer, reader = RingWriter(bucket_bytes=1024, device_buckets=4), RingReader()
+    for version in range(1, 201):
+        tensors = state(version, extra=(version * 397) % 3000)  # 7 to 19 KiB: from twice the ring to 5x it
+        descriptor = writer.write(version, tensors)
+        if version % 20 == 0:
+            assert_same(reader.read(descriptor), tensors)
+        beyond = max(0, len(descriptor.buckets) - 4)
+        assert writer.device_bytes <= 4 * 1024, version
+        assert writer.host_bytes <= beyond * 1024, version
+        assert len(writer._locks) == len(writer._buckets) <= 4 + beyond
+        assert reader.mapped <= 4 + 20
+    for version in (201, 202):
+        descriptor = writer.write(version, state(version))
+    assert (writer.device_bytes, writer.host_bytes) == source_ring_bytes(descriptor.nbytes, 1024, 4)
+    small = writer.write(203, {"a": torch.ones(16)})  # a small model: both ends of the ring, no host bucket
+    writer.write(204, {"a": torch.ones(16)})
+    assert writer.device_bytes <= 2 * 1024
+    assert writer.host_bytes == 0
+    assert source_ring_bytes(small.nbytes, 1024, 4) == (2 * small.nbytes, 0)  # what a fresh ring takes
+
+
+def test_what_the_plan_states_is_what_the_ring_holds() -> None:
+    plan = SyncPlan((SyncTarget("rollout", 0, 0, "same-device"), SyncTarget("rollout", 1, 0, "same-node")),
+                    ("trainer", 0), 0, (0,), bucket_bytes=1024, device_buckets=4)
+    for extra in (0, 100, 1000, 5000, 20000):
+        writer = RingWriter(bucket_bytes=1024, device_buckets=4)
+        descriptor = writer.write(1, state(1, extra))
+        writer.write(2, state(2, extra))
+        assert plan.device_bytes(descriptor.nbytes) == {"source": writer.device_bytes, "rollout 0": descriptor.nbytes}
+        writer.close()
+    text = str(plan)
+    assert "ring of 4 buckets of 1 KiB" in text
+    assert "at most 4 KiB" in text
+    assert "rollout 0 (node 0, the source's device): M with latest(), 0 with load_into" in text
+    assert "rollout 1" not in text.split("\n", 1)[1]  # a same-node target holds no device memory
+
+
+def test_a_model_larger_than_the_ring_puts_its_rest_in_host_buckets_and_arrives_intact() -> None:
+    writer, reader = RingWriter(bucket_bytes=512, device_buckets=2), RingReader()
+    descriptor = writer.write(1, state(1))
+    assert [b.index for b in descriptor.buckets] == list(range(len(descriptor.buckets)))
+    assert len(descriptor.buckets) > 2
+    assert [b.digest.split(":")[0] for b in descriptor.buckets[:3]] == ["wsum", "wsum", "xxh128"]
+    assert (writer.device_bytes, writer.host_bytes) == (1024, (len(descriptor.buckets) - 2) * 512)
+    assert_same(reader.read(descriptor), state(1))
+
+
+class Net(nn.Module):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1000))
+        self.tail = torch.nn.Parameter(torch.zeros(300))
+        self.register_buffer("bf16", torch.zeros(33, dtype=torch.bfloat16))
+        self.register_buffer("t", torch.zeros(3, 2, dtype=torch.int16))
+        self.register_buffer("step", torch.tensor(0))
+        self.register_buffer("empty", torch.zeros(0, 3))
+        self.register_buffer("z", torch.zeros(3, dtype=torch.complex64))
+        self.register_buffer("mask", torch.zeros(3, dtype=torch.bool))
+
+
+def test_load_copies_across_buckets_straight_into_the_modules_tensors() -> None:
+    writer, reader, net = RingWriter(bucket_bytes=512, device_buckets=2), RingReader(), Net()
+    w = net.w.data_ptr()
+    descriptor = writer.write(1, state(3))
+    assert any(e.offset // 512 != (e.offset + e.nbytes - 1) // 512 for e in descriptor.entries if e.nbytes)
+    reader.load(descriptor, net)
+    assert net.w.data_ptr() == w  # written in place, no tensor of the target's own
+    for name, value in state(3).items():
+        assert torch.equal(net.state_dict()[name], value.detach()), name
+
+
+def test_load_into_a_module_that_does_not_match_is_load_state_dicts_own_error() -> None:
+    writer, reader, net = RingWriter(bucket_bytes=512, device_buckets=2), RingReader(), Net()
+    del net.mask
+    with pytest.raises(RuntimeError, match="Unexpected key\\(s\\) in state_dict: \"mask\""):
+        reader.load(writer.write(1, state(3)), net)
+
+
+def test_two_versions_in_half_the_ring_each_stay_whole_while_the_next_is_written() -> None:
+    writer, reader = RingWriter(bucket_bytes=4096, device_buckets=4), RingReader()
+    d1 = writer.write(1, state(1))
+    d2 = writer.write(2, state(2))
+    assert {b.index for b in d1.buckets}.isdisjoint(b.index for b in d2.buckets)
+    assert_same(reader.read(d1), state(1))  # still whole
+    writer.write(3, state(3))
+    with pytest.raises(TornRead, match=r"version 1: bucket 0 was overwritten \(it holds version 3"):
+        reader.read(d1)
+    assert_same(reader.read(d2), state(2))
+
+
+def test_a_single_buffered_version_is_torn_once_the_next_is_written() -> None:
+    writer, reader = RingWriter(bucket_bytes=1024, device_buckets=3), RingReader()
+    d1 = writer.write(1, state(1))
+    writer.write(2, state(2))
+    with pytest.raises(TornRead, match="version 1: bucket 0 was overwritten"):
+        reader.read(d1)
+
+
+@pytest.mark.parametrize("index", [0, 1, 4])
+def test_a_corrupted_bucket_is_named_and_nothing_is_copied(index: int) -> None:
+    writer, reader = RingWriter(bucket_bytes=1024, device_buckets=2), RingReader()
+    descriptor = writer.write(1, state(1))
+    writer._buckets[index].buffer[5] ^= 0xFF  # after its digest was taken
+    into = torch.zeros(descriptor.nbytes, dtype=torch.uint8)
+    with pytest.raises(hwplace.WeightSyncError, match=f"version 1: bucket {index} does not match its digest"):
+        reader.read(descriptor, into=into)
+    assert not into.any()
+    bad = replace(descriptor, buckets=tuple(replace(b, nbytes=b.nbytes + 10**6) if b.index == index else b
+                                            for b in descriptor.buckets))
+    with pytest.raises(TornRead, match=f"bucket {index} holds .* fewer than"):
+        reader.read(bad)
+
+
+def test_targets_in_threads_read_while_versions_are_written_and_never_see_a_mix() -> None:
+    writer = RingWriter(bucket_bytes=1024, device_buckets=3)
+    descriptors = [writer.write(1, state(1))]
+    seen: list[tuple[int, bool]] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        reader = RingReader()
+        while not done.is_set():
+            descriptor = descriptors[-1]
+            try:
+                got = reader.read(descriptor)
+            except TornRead:
+                continue
+            except BaseException as exc:  # pragma: no cover - what the test reports
+                errors.append(exc)
+                return
+            want = state(descriptor.version)
+            seen.append((descriptor.version, all(torch.equal(got[k], v.detach()) for k, v in want.items())))
+
+    threads = [threading.Thread(target=read) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for version in range(2, 60):
+        descriptors.append(writer.write(version, state(version)))
+    done.set()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    assert seen
+    assert all(whole for _, whole in seen)
+    assert writer.device_bytes <= 3 * 1024
+
+
+@pytest.fixture
+def other_process() -> Iterator[Connection]:
+    with reading_process() as connection:
+        yield connection
+
+
+def expected(tensors: dict[str, Any]) -> dict[str, Any]:
+    return {k: (str(v.dtype), tuple(v.shape), v.device.type, raw(v)) for k, v in tensors.items()}
+
+
+@pytest.mark.time_limit(120)
+def test_two_targets_in_other_processes_read_the_ring_and_its_host_buckets() -> None:
+    writer = RingWriter(bucket_bytes=1024, device_buckets=2)
+    with reading_process() as first, reading_process() as second:
+        for version in (1, 2, 3):
+            descriptor = writer.write(version, state(version))
+            assert ask(first, descriptor) == ask(second, descriptor) == expected(state(version))
+        stale = descriptor
+        writer.write(4, state(4))
+        error = ask(second, stale)
+        assert isinstance(error, TornRead)
+        assert "version 3: bucket 0 was overwritten" in str(error)
+        files = shm_files(writer)
+        writer.close()
+        assert writer.device_bytes == writer.host_bytes == 0
+    assert not any(os.path.exists(f) for f in files)  # freed once the readers let go too
+
+
+def _hold(descriptor: Any, connection: Connection) -> None:
+    reader = RingReader()
+    with reader.held(descriptor):
+        connection.send("holding")
+        connection.recv()  # never comes: the test kills this process while it holds the version
+
+
+@pytest.mark.time_limit(120)
+def test_a_reader_killed_while_it_holds_a_version_lets_go_of_it() -> None:
+    writer = RingWriter(bucket_bytes=1024, device_buckets=2)
+    descriptor = writer.write(1, state(1))
+    context = multiprocessing.get_context("spawn")
+    mine, theirs = context.Pipe()
+    process = context.Process(target=_hold, args=(descriptor, theirs), daemon=True)
+    process.start()
+    try:
+        assert mine.poll(60)
+        assert mine.recv() == "holding"
+        lock = writer._locks[0]
+        with pytest.raises(BlockingIOError, match="Resource temporarily unavailable"):  # no rewriting bucket 0 now
+            fcntl.flock(lock.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        process.kill()
+        process.join(60)
+    finally:
+        if process.is_alive():  # pragma: no cover
+            process.kill()
+    fcntl.flock(lock.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # its hold went with it
+    fcntl.flock(lock.fd, fcntl.LOCK_UN)
+    assert_same(RingReader().read(writer.write(2, state(2))), state(2))
+
+
+def test_closing_frees_every_bucket_and_a_reader_its_mappings() -> None:
+    writer, reader = RingWriter(bucket_bytes=1024, device_buckets=2), RingReader()
+    descriptor = writer.write(1, state(1))
+    reader.read(descriptor)
+    files = shm_files(writer)
+    assert files
+    assert all(os.path.exists(f) for f in files)
+    writer.close()
+    writer.close()  # idempotent
+    with pytest.raises(TornRead, match="cannot be opened"):
+        reader.read(descriptor)
+    reader.close()
+    assert reader.mapped == 0
+    assert not any(os.path.exists(f) for f in files)
+    with pytest.raises(hwplace.WeightSyncError, match="version 2: the device buckets are closed"):
+        writer.write(2, state(2))
+
+
+def test_pieces_cut_a_range_at_bucket_boundaries() -> None:
+    assert list(pieces(1000, 3000, 1024)) == [(0, 1000, 0, 24), (1, 0, 24, 1024), (2, 0, 1048, 1024),
+                                              (3, 0, 2072, 928)]
+    assert list(pieces(0, 0, 1024)) == []
