@@ -102,14 +102,15 @@ def ring_bucket_bytes(bucket_bytes: int) -> int:
 def source_ring_bytes(model_bytes: int, bucket_bytes: int, device_buckets: int) -> tuple[int, int]:
     """The memory the source holds for a state dict of ``model_bytes`` (its tensors back to back), written again
     and again: on its GPU, the ring's buckets (two versions while both fit in half the ring, else one, at most
-    ``device_buckets`` buckets), and in host shared memory, the buckets of a version larger than the ring. Every
-    bucket is a whole ``bucket_bytes`` (rounded up to 256) but for a version of one bucket, which takes its size."""
+    ``device_buckets`` buckets), and in host shared memory, what of a version does not fit in the ring. (A model
+    whose size changes may keep a bucket as large as it once was: never more than ``bucket_bytes`` each.)"""
     size = ring_bucket_bytes(bucket_bytes)
     count = max(1, -(-model_bytes // size))
-    each = max(model_bytes, 1) if count == 1 else size
+    one = max(model_bytes, 1)
     if 2 * count <= device_buckets:
-        return 2 * count * each, 0
-    return min(count, device_buckets) * each, max(0, count - device_buckets) * each
+        return 2 * one, 0
+    ring = min(one, device_buckets * size)
+    return ring, one - ring
 
 
 def device_bytes(plan: Sequence[SyncTarget], model_bytes: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -134,7 +135,7 @@ def memory_lines(plan: Sequence[SyncTarget], source: str, bucket_bytes: int = DE
     size = ring_bucket_bytes(bucket_bytes)
     return [f"device memory, for a model of M bytes (ring of {device_buckets} buckets of {format_size(size)}):",
             f"  source {source}: at most {format_size(device_buckets * size)}; 2 M while two versions fit in "
-            "half the ring, else M up to the ring, in whole buckets (the rest in host shared memory)",
+            "half the ring, else M up to the ring (the rest in host shared memory)",
             *(f"  {t.group} {t.rank} (node {t.node}, the source's device): M with latest(), 0 with load_into"
               for t in shared)]
 

@@ -62,8 +62,8 @@ def test_a_version_round_trips_whatever_the_ring(bucket_bytes: int, ring: int) -
 
 def test_memory_stays_bounded_by_the_ring_over_many_versions() -> None:
     """Bytes held, counted at every version, whatever the sizes that come and go: the ring (device) never past
-    its buckets, the host buckets never past what the version needs beyond the ring, a bucket each; once the size
-    holds still, exactly what sync_plan.source_ring_bytes says. A reader maps at most every bucket."""
+    its buckets, the host buckets never past a bucket for each the version needs beyond the ring; for a model of
+    one size, exactly what sync_plan.source_ring_bytes says. A reader maps at most every bucket."""
     writer, reader = RingWriter(bucket_bytes=1024, device_buckets=4), RingReader()
     for version in range(1, 201):
         tensors = state(version, extra=(version * 397) % 3000)  # 7 to 19 KiB: from twice the ring to 5x it
@@ -75,9 +75,10 @@ def test_memory_stays_bounded_by_the_ring_over_many_versions() -> None:
         assert writer.host_bytes <= beyond * 1024, version
         assert len(writer._locks) == len(writer._buckets) <= 4 + beyond
         assert reader.mapped <= 4 + 20
-    for version in (201, 202):
-        descriptor = writer.write(version, state(version))
-    assert (writer.device_bytes, writer.host_bytes) == source_ring_bytes(descriptor.nbytes, 1024, 4)
+    fresh = RingWriter(bucket_bytes=1024, device_buckets=4)
+    for version in range(1, 5):
+        descriptor = fresh.write(version, state(version))
+        assert (fresh.device_bytes, fresh.host_bytes) == source_ring_bytes(descriptor.nbytes, 1024, 4)
     small = writer.write(203, {"a": torch.ones(16)})  # a small model: both ends of the ring, no host bucket
     writer.write(204, {"a": torch.ones(16)})
     assert writer.device_bytes <= 2 * 1024
@@ -107,7 +108,7 @@ def test_a_model_larger_than_the_ring_puts_its_rest_in_host_buckets_and_arrives_
     assert [b.index for b in descriptor.buckets] == list(range(len(descriptor.buckets)))
     assert len(descriptor.buckets) > 2
     assert [b.digest.split(":")[0] for b in descriptor.buckets[:3]] == ["wsum", "wsum", "xxh128"]
-    assert (writer.device_bytes, writer.host_bytes) == (1024, (len(descriptor.buckets) - 2) * 512)
+    assert (writer.device_bytes, writer.host_bytes) == (1024, descriptor.nbytes - 1024)
     assert_same(reader.read(descriptor), state(1))
 
 
@@ -287,6 +288,16 @@ def test_closing_frees_every_bucket_and_a_reader_its_mappings() -> None:
     assert not any(os.path.exists(f) for f in files)
     with pytest.raises(hwplace.WeightSyncError, match="version 2: the device buckets are closed"):
         writer.write(2, state(2))
+
+
+def test_a_version_of_more_buckets_than_a_target_can_hold_is_refused_naming_bucket_bytes() -> None:
+    writer = RingWriter(bucket_bytes=256, device_buckets=2)
+    with pytest.raises(hwplace.WeightSyncError, match=r"version 1: 1048832 bytes make 4097 buckets of bucket_bytes "
+                       r"256, more than the 4096 a target can hold at once; give the sync a bucket_bytes of at least "
+                       r"257"):
+        writer.write(1, {"a": torch.zeros(2**18 + 64)})
+    assert writer.device_bytes == writer.host_bytes == 0  # nothing written
+    writer.write(1, {"a": torch.zeros(2**18 - 256)})  # 4096 buckets: still whole
 
 
 def test_pieces_cut_a_range_at_bucket_boundaries() -> None:

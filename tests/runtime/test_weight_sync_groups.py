@@ -296,10 +296,10 @@ def test_a_ring_smaller_than_the_model_bounds_the_source_and_every_version_arriv
                                      device_buckets=3)
     assert "ring of 3 buckets of 1 KiB" in str(sync.plan)
     assert sync.plan.device_bytes(12_600) == {"source": 3 * 1024, "rollout 0": 12_600}
-    for version in range(1, 9):  # 12.5 KB a version: 3 buckets in the ring, 10 in host buckets
+    for version in range(1, 9):  # 12,808 bytes a version: 3 buckets in the ring, 10 in host buckets
         assert trainer.publish_through_slots(sync, version).wait(timeout=60) == [version]
         assert rollout.latest(sync, version).wait(timeout=60) == [(version, [float(version)])] * 3
-        assert trainer.ring_bytes(sync).wait(timeout=60) == [(3 * 1024, 10 * 1024)]
+        assert trainer.ring_bytes(sync).wait(timeout=60) == [(3 * 1024, 12_808 - 3 * 1024)]
     assert rollout.load(sync, 8).wait(timeout=60) == [(8, 8.0)] * 3  # tensors across buckets too
     assert rollout.slots_mapped(sync).wait(timeout=60)[0] == 13
 

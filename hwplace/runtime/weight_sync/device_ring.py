@@ -4,8 +4,8 @@ bounded by ``device_buckets * bucket_bytes`` whatever the model's size.
 The source (:class:`RingWriter`) lays a version's tensors out back to back at 256-byte offsets
 (:func:`~hwplace.runtime.weight_sync.device_share.slot_layout`) and cuts those bytes into buckets of
 ``bucket_bytes`` (rounded up to a multiple of 256; a tensor may straddle buckets). Buckets go to the **ring**:
-``device_buckets`` buffers on the tensors' device, allocated once (whole buckets; a version of one bucket takes
-its size) and reused across versions. While a version needs at most half the ring, consecutive versions
+``device_buckets`` buffers on the tensors' device, allocated once (at the size the bucket needs, at most
+``bucket_bytes``) and reused across versions. While a version needs at most half the ring, consecutive versions
 take turns between its start and its end (the newest stays whole while the next is written); a larger one takes
 the ring from its first bucket. A version
 larger than the whole ring puts its remaining buckets in host shared memory (torch's ``/dev/shm`` files, also
@@ -55,6 +55,8 @@ from hwplace.runtime.weight_sync.device_share import (
     source_tensors_device,
 )
 from hwplace.runtime.weight_sync.slot_lock import LockRef, SlotLock, reading
+
+MAX_BUCKETS = 4096  # a target holds a lock (a file descriptor) on every bucket of the version it copies
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,10 @@ class RingWriter:
         sizes = [t.numel() * t.element_size() for t in values]
         offsets, used = slot_layout(sizes)
         count = max(1, -(-used // self.bucket_bytes))
+        if count > MAX_BUCKETS:
+            raise WeightSyncError(f"weight sync version {version}: {used} bytes make {count} buckets of bucket_bytes "
+                                  f"{self.bucket_bytes}, more than the {MAX_BUCKETS} a target can hold at once; "
+                                  f"give the sync a bucket_bytes of at least {-(-used // MAX_BUCKETS)}")
         places = self.places(count)
         if any(i < self.device_buckets and b.buffer.device != device for i, b in self._buckets.items()):
             self._free(set(self._buckets))  # the tensors moved to another device: the ring follows them
@@ -184,7 +190,7 @@ class RingWriter:
                 self._locks[index] = SlotLock(f"hwplace-ring-{self.writer}-{index}")
             lock = self._locks[index]
             with lock.exclusive():
-                bucket = self._bucket(index, device, length if count == 1 else self.bucket_bytes)
+                bucket = self._bucket(index, device, length)
                 self._fill(bucket.buffer, number, tensors, values, offsets, sizes)
                 data = bucket.buffer[:length]
                 if index < self.device_buckets:
@@ -220,8 +226,8 @@ class RingWriter:
                     buffer[at : at + length].copy_(flat[done : done + length], non_blocking=True)
 
     def _bucket(self, index: int, device: Any, length: int) -> _Bucket:
-        """Bucket ``index`` with room for ``length`` bytes (a whole bucket, or less for a version of one bucket;
-        allocated anew, the old one freed first, when it has not); under its lock."""
+        """Bucket ``index`` with room for ``length`` bytes (allocated anew at that size, the old one freed first,
+        when it has not); under its lock."""
         bucket = self._buckets.get(index)
         if bucket is None or bucket.buffer.numel() < max(length, 1):
             self._buckets.pop(index, None)  # the old allocation goes before the new one comes
