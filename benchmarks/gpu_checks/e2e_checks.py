@@ -84,8 +84,8 @@ def weight_sync_e2e(gpu: bool) -> dict[str, Any]:
     return _weight_sync(gpu, None)
 
 
-@check("weight_sync_e2e_ring", 240, issue="26 point 3 end to end: the same through a ring of 2 buckets of 16 MiB, "
-       "half the model: the source's GPU memory bounded by the ring, the rest in host buckets")
+@check("weight_sync_e2e_ring", 240, cpu=False, issue="26 point 3 end to end: the same through a ring of 2 buckets "
+       "of 16 MiB, half the model: the source's GPU memory bounded by the ring, the rest in host buckets")
 def weight_sync_e2e_ring(gpu: bool) -> dict[str, Any]:
     return _weight_sync(gpu, None, {"bucket_bytes": 16 * MiB if gpu else 2 * MiB, "device_buckets": 2})
 
