@@ -319,6 +319,10 @@ class RingReader:
         bucket cannot be mapped here.
         """
         torch = torch_module()
+        for ref in descriptor.buckets:  # a bucket's old allocation is unmapped first, whatever comes of this read
+            held = self._mapped.get(ref.index)
+            if held is not None and held[:2] != (descriptor.writer, ref.generation):
+                del self._mapped[ref.index]
         with contextlib.ExitStack() as stack:
             parts = []
             for ref in descriptor.buckets:
@@ -351,9 +355,8 @@ class RingReader:
     def _mapping(self, descriptor: RingDescriptor, ref: BucketRef) -> Any:
         torch = torch_module()
         held = self._mapped.get(ref.index)
-        if held is not None and held[:2] == (descriptor.writer, ref.generation):
+        if held is not None:
             return held[2]
-        self._mapped.pop(ref.index, None)  # the bucket's old allocation: unmapped before the new one
         kind = KINDS.get(ref.kind)
         if kind is None:
             raise WeightSyncError(f"weight sync version {descriptor.version}: bucket kind {ref.kind!r} is unknown "
