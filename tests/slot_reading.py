@@ -1,7 +1,6 @@
-"""A device-slot and device-ring reader in another interpreter, for the slot and ring tests on CPU (tests/runtime)
-and on a GPU (tests/plugins/cuda): :func:`reading_process` spawns it, :func:`ask` hands it a descriptor (a slot's
-or a ring's) and returns what it read (each tensor's dtype, shape, device type and bytes) or the
-``WeightSyncError`` it raised."""
+"""A device-ring reader in another interpreter, for the ring tests on CPU (tests/runtime) and on a GPU
+(tests/plugins/cuda): :func:`reading_process` spawns it, :func:`ask` hands it a descriptor and returns what it
+read (each tensor's dtype, shape, device type and bytes) or the ``WeightSyncError`` it raised."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from typing import Any
 
 import hwplace
 from hwplace.runtime.weight_sync.device_ring import RingDescriptor, RingReader
-from hwplace.runtime.weight_sync.device_share import SlotDescriptor, SlotReader
 
 
 def raw(tensor: Any) -> bytes:
@@ -24,10 +22,10 @@ def raw(tensor: Any) -> bytes:
 
 
 def _serve(connection: Connection) -> None:
-    reader, ring = SlotReader(), RingReader()
+    reader = RingReader()
     while (descriptor := connection.recv()) is not None:
         try:
-            got = ring.read(descriptor) if isinstance(descriptor, RingDescriptor) else reader.read(descriptor)
+            got = reader.read(descriptor)
             connection.send({k: (str(v.dtype), tuple(v.shape), v.device.type, raw(v)) for k, v in got.items()})
         except hwplace.WeightSyncError as exc:
             connection.send(exc)
@@ -49,7 +47,7 @@ def reading_process() -> Iterator[Connection]:
             process.kill()
 
 
-def ask(connection: Connection, descriptor: SlotDescriptor | RingDescriptor, timeout: float = 120) -> Any:
+def ask(connection: Connection, descriptor: RingDescriptor, timeout: float = 120) -> Any:
     """What the reader answers for ``descriptor``: the tensors it read, or the error it raised."""
     connection.send(descriptor)
     if not connection.poll(timeout):

@@ -1,7 +1,7 @@
 """The lock and stamp of one device slot: what keeps a source from rewriting or freeing a slot while a target
 copies from it, and tells a target whether the slot still holds the version it was told of.
 
-Each slot of a :class:`~hwplace.runtime.weight_sync.device_share.SlotWriter` has a small file of its own (a memfd
+Each bucket of a :class:`~hwplace.runtime.weight_sync.device_ring.RingWriter` has a small file of its own (a memfd
 on Linux, a file in the temp dir elsewhere) holding a stamp: a magic number, the slot's generation (its
 allocation) and the version it holds (0 while it is written). The source rewrites or frees a slot only under an
 exclusive ``flock`` of that file, waiting for a target still copying from it; a target copies only under a
