@@ -143,7 +143,7 @@ def test_the_digest_of_any_length_copies_at_most_one_chunk(monkeypatch: pytest.M
 
 def test_entries_are_viewed_from_any_base_and_keep_what_they_were() -> None:
     tensors: dict[str | int, Any] = {"w": torch.nn.Parameter(torch.arange(6.0)), "e": torch.zeros(0, 2),
-               3: torch.tensor([7], dtype=torch.int16)}
+                                     3: torch.tensor([7], dtype=torch.int16)}
     offsets, used = slot_layout([t.numel() * t.element_size() for t in tensors.values()])
     data = torch.zeros(used, dtype=torch.uint8)
     entries = []
