@@ -64,6 +64,15 @@ def test_a_version_round_trips_whatever_the_ring(bucket_bytes: int, ring: int) -
     assert writer.device_bytes <= ring * writer.bucket_bytes
 
 
+def test_tensors_across_several_buckets_arrive_whole_contiguous_or_not() -> None:
+    tensors = {"head": torch.ones(3), "t": torch.arange(2000.0).reshape(40, 50).t(), "mid": torch.arange(7.0),
+               "u": torch.arange(900, dtype=torch.int16).reshape(30, 30)[:, ::2], "tail": torch.full((5,), 2.0)}
+    writer, reader = RingWriter(bucket_bytes=1024, device_buckets=3), RingReader()
+    descriptor = writer.write(1, tensors)
+    assert len(descriptor.buckets) > 8
+    assert_same(reader.read(descriptor), tensors)
+
+
 def test_memory_stays_bounded_by_the_ring_over_many_versions() -> None:
     """Bytes held, counted at every version, whatever the sizes that come and go: the ring (device) never past
     its buckets, the host buckets never past a bucket for each the version needs beyond the ring; for a model of

@@ -182,6 +182,7 @@ class RingWriter:
             physical = physical_device(device.index, self.visible)
             uuid = str(torch.cuda.get_device_properties(device).uuid)
         kept = () if set(self._newest) & set(places) else self._newest  # the newest version, when it stays whole
+        flats: dict[int, Any] = {}  # the tensors across buckets as flat bytes, made contiguous once
         refs = []
         for number, index in enumerate(places):
             start = number * self.bucket_bytes
@@ -191,7 +192,7 @@ class RingWriter:
             lock = self._locks[index]
             with lock.exclusive():
                 bucket = self._bucket(index, device, length)
-                self._fill(bucket.buffer, number, tensors, values, offsets, sizes)
+                self._fill(bucket.buffer, number, values, offsets, sizes, flats)
                 data = bucket.buffer[:length]
                 if index < self.device_buckets:
                     sealed = device_digest(data)  # waits for the copies on a GPU
@@ -210,17 +211,20 @@ class RingWriter:
                         for name, value, offset, size in zip(tensors, values, offsets, sizes, strict=True))
         return RingDescriptor(self.writer, version, physical, uuid, entries, used, self.bucket_bytes, tuple(refs))
 
-    def _fill(self, buffer: Any, number: int, tensors: Mapping[str, Any], values: Sequence[Any],
-              offsets: Sequence[int], sizes: Sequence[int]) -> None:
+    def _fill(self, buffer: Any, number: int, values: Sequence[Any], offsets: Sequence[int], sizes: Sequence[int],
+              flats: dict[int, Any]) -> None:
         """Copy into ``buffer`` the bytes of the version that bucket ``number`` holds."""
         low, high = number * self.bucket_bytes, (number + 1) * self.bucket_bytes
-        for value, offset, size in zip(values, offsets, sizes, strict=True):
+        for position, (value, offset, size) in enumerate(zip(values, offsets, sizes, strict=True)):
             if not size or offset + size <= low or offset >= high:
                 continue
             if low <= offset and offset + size <= high:  # wholly in this bucket: one copy, strides and all
                 buffer[offset - low : offset - low + size].view(value.dtype).view(value.shape).copy_(value)
                 continue
-            flat = value.contiguous().reshape(-1).view(torch_module().uint8)
+            if position not in flats:
+                flats.clear()  # the tensor before it is done: buckets are filled in order
+                flats[position] = value.contiguous().reshape(-1).view(torch_module().uint8)
+            flat = flats[position]
             for bucket, at, done, length in pieces(offset, size, self.bucket_bytes):
                 if bucket == number:
                     buffer[at : at + length].copy_(flat[done : done + length], non_blocking=True)
