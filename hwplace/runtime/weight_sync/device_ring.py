@@ -29,6 +29,7 @@ and the slot locks.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import weakref
@@ -215,8 +216,12 @@ class RingWriter:
               flats: dict[int, Any]) -> None:
         """Copy into ``buffer`` the bytes of the version that bucket ``number`` holds."""
         low, high = number * self.bucket_bytes, (number + 1) * self.bucket_bytes
-        for position, (value, offset, size) in enumerate(zip(values, offsets, sizes, strict=True)):
-            if not size or offset + size <= low or offset >= high:
+        first = bisect.bisect_right(offsets, low) - 1  # offsets grow: the tensors of this bucket lie together
+        for position in range(max(first, 0), len(values)):
+            value, offset, size = values[position], offsets[position], sizes[position]
+            if offset >= high:
+                break
+            if not size or offset + size <= low:
                 continue
             if low <= offset and offset + size <= high:  # wholly in this bucket: one copy, strides and all
                 buffer[offset - low : offset - low + size].view(value.dtype).view(value.shape).copy_(value)
