@@ -1,4 +1,4 @@
-"""A device-slot reader in another interpreter, for the slot tests on CPU (tests/runtime) and on a GPU
+"""A device-ring reader in another interpreter, for the ring tests on CPU (tests/runtime) and on a GPU
 (tests/plugins/cuda): :func:`reading_process` spawns it, :func:`ask` hands it a descriptor and returns what it
 read (each tensor's dtype, shape, device type and bytes) or the ``WeightSyncError`` it raised."""
 
@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import hwplace
-from hwplace.runtime.weight_sync.device_share import SlotDescriptor, SlotReader
+from hwplace.runtime.weight_sync.device_ring import RingDescriptor, RingReader
 
 
 def raw(tensor: Any) -> bytes:
@@ -22,7 +22,7 @@ def raw(tensor: Any) -> bytes:
 
 
 def _serve(connection: Connection) -> None:
-    reader = SlotReader()
+    reader = RingReader()
     while (descriptor := connection.recv()) is not None:
         try:
             got = reader.read(descriptor)
@@ -47,7 +47,7 @@ def reading_process() -> Iterator[Connection]:
             process.kill()
 
 
-def ask(connection: Connection, descriptor: SlotDescriptor, timeout: float = 120) -> Any:
+def ask(connection: Connection, descriptor: RingDescriptor, timeout: float = 120) -> Any:
     """What the reader answers for ``descriptor``: the tensors it read, or the error it raised."""
     connection.send(descriptor)
     if not connection.poll(timeout):

@@ -1,7 +1,8 @@
 """End-to-end checks through an executor, with no Ray: a trainer and a rollout group on the same GPU (the
 colocated layout of SPEC §9), launched by hwplace's process executor (``hwplace.testing.process_cluster``) on a
 node whose accelerators are this machine's own (real CUDA detection through NVML). They exercise
-``WeightSync`` (the same-device transport over CUDA IPC, an odd-length bf16 tensor, memory over many versions)
+``WeightSync`` (the same-device transport over CUDA IPC, an odd-length bf16 tensor, memory over many versions,
+a ring of device buckets smaller than the model)
 and ``Worker.send`` / ``recv`` of CUDA tensors between the two colocated workers (issue 26 points 1 to 5).
 
 On a machine without a GPU the same checks run on a simulated node of fake accelerators with CPU tensors.
@@ -51,26 +52,42 @@ def _wait(handle: Any, what: str) -> Any:
         raise CheckFailed(f"{what}: {type(exc).__name__}: {str(exc)[:1500]}") from exc
 
 
-def _weight_sync(gpu: bool, env: dict[str, str] | None) -> dict[str, Any]:
+def _weight_sync(gpu: bool, env: dict[str, str] | None, ring: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Versions from a trainer to a rollout on its GPU (``ring``: the sync's ``bucket_bytes`` and
+    ``device_buckets``); every one intact, and the trainer's ring never above what ``sync.device_bytes`` states."""
     import hwplace
 
     versions, mib = (60, 64) if gpu else (20, 8)
     with colocated(gpu, env) as (cluster, trainer, rollout):
-        sync = hwplace.WeightSync.create("policy", source="trainer", targets=("rollout",), cluster=cluster)
+        sync = hwplace.WeightSync.create("policy", source="trainer", targets=("rollout",), cluster=cluster,
+                                         **(ring or {}))
         before = _wait(trainer.gpu(), "the trainer's device")
         taking = rollout.take(sync, versions, TIMEOUT)
         published = _wait(trainer.publish(sync, versions, mib), "publish")
         taken = _wait(taking, "latest() on the colocated rollout")
-        details = {"device": before, "plan": [str(t) for t in sync.plan], "versions": versions, "mib": mib,
+        details = {"device": before, "plan": str(sync.plan), "versions": versions, "mib": mib, "ring": ring or {},
                    "published": published, "taken": taken}
         if taken["wrong"] or taken["last"] != versions:
             raise CheckFailed("the rollout did not get every version intact", details)
+        stated = published["plan_device_bytes"]["source"]
+        held = max(device for _, (device, _host) in published["ring"])
+        if held > stated:
+            raise CheckFailed(f"the trainer's ring held {held} bytes, more than the {stated} sync.device_bytes "
+                              "states", details)
+        details["summary"] = (f"{versions} versions of {mib} MiB intact; the source's ring held at most {held} "
+                              f"bytes (stated: {stated}), host buckets {published['ring'][-1][1][1]}")
         return details
 
 
 @check("weight_sync_e2e", 240, issue="26 points 2 to 5 end to end: WeightSync between two colocated workers")
 def weight_sync_e2e(gpu: bool) -> dict[str, Any]:
     return _weight_sync(gpu, None)
+
+
+@check("weight_sync_e2e_ring", 240, cpu=False, issue="26 point 3 end to end: the same through a ring of 2 buckets "
+       "of 16 MiB, half the model: the source's GPU memory bounded by the ring, the rest in host buckets")
+def weight_sync_e2e_ring(gpu: bool) -> dict[str, Any]:
+    return _weight_sync(gpu, None, {"bucket_bytes": 16 * MiB if gpu else 2 * MiB, "device_buckets": 2})
 
 
 @check("weight_sync_e2e_expandable", 240, issue="26 point 2 end to end: the same, every process under "

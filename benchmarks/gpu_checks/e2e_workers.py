@@ -26,6 +26,14 @@ def _device() -> str:
     return "cpu"
 
 
+def ring_bytes(sync: hwplace.WeightSync) -> tuple[int, int]:
+    """What this source's ring of device buckets holds now, and its host buckets (0, 0 before any same-device
+    version)."""
+    source = sync._state().source
+    writer = None if source is None else source.same_device.writer
+    return (0, 0) if writer is None else (writer.device_bytes, writer.host_bytes)
+
+
 def state(version: int, mib: int, device: str) -> dict[str, Any]:
     """A state dict of about ``mib`` MiB whose every value says its version, with an odd-length bf16 tensor."""
     torch = _torch()
@@ -51,16 +59,20 @@ class Trainer(hwplace.Worker):
         torch = _torch()
         seconds = []
         memory = []
+        ring = []
         for v in range(1, versions + 1):
             weights = state(v, mib, self.device)
             start = time.perf_counter()
             assert sync.publish(weights) == v
             seconds.append(time.perf_counter() - start)
-            if self.device != "cpu" and v in (1, 10, versions):
-                torch.cuda.synchronize()
-                memory.append((v, torch.cuda.memory_allocated(0)))
-        return {"publish_s_median": sorted(seconds)[len(seconds) // 2], "memory": memory,
-                "plan": [str(t) for t in sync.plan]}
+            if v in (1, 10, versions):
+                ring.append((v, ring_bytes(sync)))  # bytes the ring (device) and the host buckets hold
+                if self.device != "cpu":
+                    torch.cuda.synchronize()
+                    memory.append((v, torch.cuda.memory_allocated(0)))
+        model = sum(t.numel() * t.element_size() for t in weights.values())
+        return {"publish_s_median": sorted(seconds)[len(seconds) // 2], "memory": memory, "ring": ring,
+                "model_bytes": model, "plan_device_bytes": sync.device_bytes(model), "plan": str(sync.plan)}
 
     def send_to(self, group: str, rank: int, mib: int, value: float) -> float:
         torch = _torch()

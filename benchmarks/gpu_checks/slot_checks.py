@@ -1,7 +1,8 @@
-"""Device slots across processes (issue 26 points 2, 3, 5): a writer process (``SlotWriter``) and a reader
-process (``SlotReader``) on GPU 0, every version's digest checked by the reader and its contents compared with
-the writer's at checkpoints; the same with the writer under ``expandable_segments``; 300 versions with both
-processes' GPU memory measured; and the device digest on odd lengths. On CPU the same slots share through
+"""The same-device ring across processes (issue 26 points 2, 3, 5): a writer process (``RingWriter``, the source's
+ring of device buckets) and a reader process (``RingReader``) on GPU 0, every bucket's digest checked by the
+reader and its contents compared with the writer's at checkpoints; the same with the writer under
+``expandable_segments``; 300 versions of a model twice the ring's size with both processes' GPU memory measured
+(the writer's bounded by the ring); and the device digest on odd lengths. On CPU the same buckets share through
 /dev/shm (the stand-in the CPU suite uses).
 """
 
@@ -44,13 +45,13 @@ def _ready(torch: Any, gpu: bool) -> None:
         torch.set_num_threads(1)  # three processes of torch threads spinning on a few cores starve each other
 
 
-def _writer(connection: Connection, gpu: bool, nbytes: int) -> dict[str, Any]:
+def _writer(connection: Connection, gpu: bool, nbytes: int, ring: tuple[int, int]) -> dict[str, Any]:
     import torch
 
-    from hwplace.runtime.weight_sync.device_share import SlotWriter
+    from hwplace.runtime.weight_sync.device_ring import RingWriter
 
     _ready(torch, gpu)
-    writer = SlotWriter()
+    writer = RingWriter(None, *ring)
     connection.send({"ready": True, "memory": memory(torch, gpu)})
     while (message := connection.recv()) is not None:
         version, want_reference, want_memory = message
@@ -62,37 +63,19 @@ def _writer(connection: Connection, gpu: bool, nbytes: int) -> dict[str, Any]:
             reply = {"error": error_text(exc), "traceback": traceback_tail(exc, 1500)}
         del tensors  # the slots stay: what the source holds between versions
         if want_memory:
-            reply["memory"] = memory(torch, gpu)
+            reply["memory"] = {**memory(torch, gpu), "ring": writer.device_bytes, "host_buckets": writer.host_bytes}
         connection.send(reply)
     return {"memory": memory(torch, gpu)}
-
-
-def _through_weight_stream(torch: Any, descriptor: Any) -> str:
-    """What a weight-sync target's receiver makes of an announcement of this slot (weight_stream.Receiver._take,
-    with a fresh slot reader): the version, ``None`` (dropped), or the error it raises."""
-    from hwplace.planning.sync_plan import SHARED_MEMORY
-    from hwplace.runtime.weight_sync.device_share import SlotReader
-    from hwplace.runtime.weight_sync.links import Announcement, Receiver
-
-    receiver = Receiver.__new__(Receiver)  # its fields only: no link, no thread
-    receiver.name, receiver._transport, receiver._slots = "gpu-check", SHARED_MEMORY, SlotReader()
-    try:
-        taken = receiver._take(Announcement(descriptor.version, (), slot=descriptor), None, torch)
-    except Exception as exc:
-        return f"Receiver._take raised {error_text(exc)}"
-    if taken is None:
-        return ("Receiver._take returned None: the version is dropped without a word, so with only same-device "
-                "targets (no host copy) latest() ends in a bare TimeoutError")
-    return f"Receiver._take returned version {taken.version}"
 
 
 def _reader(connection: Connection, gpu: bool) -> dict[str, Any]:
     import torch
 
-    from hwplace.runtime.weight_sync.device_share import SlotReader, TornRead
+    from hwplace.runtime.weight_sync.device_ring import RingReader
+    from hwplace.runtime.weight_sync.device_share import TornRead
 
     _ready(torch, gpu)
-    reader, kept, explained = SlotReader(), None, False
+    reader, kept = RingReader(), None
     connection.send({"ready": True, "memory": memory(torch, gpu)})
     while (message := connection.recv()) is not None:
         descriptor, want_reference, want_memory = message
@@ -104,8 +87,6 @@ def _reader(connection: Connection, gpu: bool) -> dict[str, Any]:
         except Exception as exc:
             reply = {"read": False, "error": error_text(exc), "torn": isinstance(exc, TornRead),
                      "traceback": traceback_tail(exc, 1500)}
-            if not explained and "cannot be opened" in str(exc):
-                explained, reply["weight_stream"] = True, _through_weight_stream(torch, descriptor)
         if want_memory:
             reply["memory"] = memory(torch, gpu)
         connection.send(reply)
@@ -114,11 +95,14 @@ def _reader(connection: Connection, gpu: bool) -> dict[str, Any]:
 
 
 def _slots(gpu: bool, versions: int, nbytes: int, writer_env: dict[str, str] | None = None,
-           memory_at: tuple[int, ...] = (), reference_every: int = 25, torn: bool = False) -> dict[str, Any]:
-    """Write ``versions`` versions in one process and read each in another; what happened, in numbers."""
-    writer, to_writer = start(_writer, gpu, nbytes, env=writer_env)
+           memory_at: tuple[int, ...] = (), reference_every: int = 25, torn: bool = False,
+           ring: tuple[int, int] = (64 * MiB, 8)) -> dict[str, Any]:
+    """Write ``versions`` versions in one process (a ring of ``ring``: bucket bytes, buckets) and read each in
+    another; what happened, in numbers."""
+    writer, to_writer = start(_writer, gpu, nbytes, ring, env=writer_env)
     reader, to_reader = start(_reader, gpu)
     found: dict[str, Any] = {"versions": versions, "state_bytes": nbytes, "writer_env": writer_env or {},
+                             "ring": {"bucket_bytes": ring[0], "device_buckets": ring[1]},
                              "read": 0, "verified": 0, "writer_errors": [], "reader_errors": [], "memory": {}}
     try:
         ready = {"writer": receive(to_writer, 120, "the writer", writer),
@@ -162,14 +146,12 @@ def _slots(gpu: bool, versions: int, nbytes: int, writer_env: dict[str, str] | N
             else:
                 found["reader_errors"].append(f"version {version}: {got.get('error')}")
                 found.setdefault("reader_traceback", got.get("traceback"))
-                if got.get("weight_stream"):
-                    found["weight_stream"] = got["weight_stream"]
                 if len(found["reader_errors"]) >= 3:
                     break
             if measure:
                 found["memory"][version] = {"writer": wrote.get("memory"), "reader": got.get("memory")}
         if torn and not found["writer_errors"] and not found["reader_errors"]:
-            for version in range(versions + 1, versions + 4):  # the slot of versions + 1 is written again
+            for version in range(versions + 1, versions + 4):  # the buckets of versions + 1 are written again
                 write(version, False, False)
             stale, newest = read(versions + 1, False, False), read(versions + 3, False, False)
             found["torn_read"] = {"stale": stale.get("error") or "read without error",
@@ -195,7 +177,7 @@ def _judge(found: dict[str, Any], what: str) -> dict[str, Any]:
     return found
 
 
-@check("slots_ipc", 120, issue="26 point 2: device slots across processes (CUDA IPC)")
+@check("slots_ipc", 120, issue="26 point 2: the device ring across processes (CUDA IPC)")
 def slots_ipc(gpu: bool) -> dict[str, Any]:
     return _judge(_slots(gpu, 60 if gpu else 20, 8 * MiB if gpu else 64 * 1024, torn=True),
                   "CUDA IPC" if gpu else "CPU shared memory")
@@ -214,19 +196,28 @@ def slots_ipc_expandable(gpu: bool) -> dict[str, Any]:
     return _judge(found, "CUDA IPC, writer under expandable_segments")
 
 
-@check("slots_memory_300", 150, issue="26 point 3: device memory over 300 versions")
+@check("slots_memory_300", 150, issue="26 point 3: device memory over 300 versions, bounded by the ring")
 def slots_memory_300(gpu: bool) -> dict[str, Any]:
-    """300 versions of 128 MiB on a GPU; on CPU (resident set sizes) 60 of 256 KiB, for time."""
-    nbytes, last = (128 * MiB, 300) if gpu else (256 * 1024, 60)
-    found = _judge(_slots(gpu, last, nbytes, memory_at=(10, last), reference_every=100), f"{last} versions")
+    """300 versions of 128 MiB through a ring of 4 buckets of 16 MiB (64 MiB: half the model, the rest in host
+    buckets) on a GPU; on CPU (resident set sizes and the bytes the ring holds) 60 of 256 KiB through 4 of 32 KiB."""
+    from hwplace.planning.sync_plan import source_ring_bytes
+
+    nbytes, last, ring = (128 * MiB, 300, (16 * MiB, 4)) if gpu else (256 * 1024, 60, (32 * 1024, 4))
+    found = _judge(_slots(gpu, last, nbytes, memory_at=(10, last), reference_every=100, ring=ring),
+                   f"{last} versions")
     at10, at300, base = (found["memory"][k] for k in (10, last, 0))
     key = "allocated" if gpu else "rss"
     growth = {side: at300[side][key] - at10[side][key] for side in ("writer", "reader")}
     found["growth_10_to_300"] = growth
+    bound = ring[0] * ring[1]
+    held = {"ring": at300["writer"]["ring"], "host_buckets": at300["writer"]["host_buckets"]}
+    found["ring_bytes"] = {**held, "bound": bound}
     if gpu:
         growth["device_used"] = at300["reader"]["device_used"] - at10["reader"]["device_used"]
         found["over_model"] = {
-            "writer_allocated": round(at300["writer"]["allocated"] / nbytes, 2),  # two slots: 2
+            "writer_allocated": round(at300["writer"]["allocated"] / nbytes, 2),  # the ring: 0.5
+            "writer_allocated_over_start": round((at300["writer"]["allocated"] - base["writer"]["allocated"])
+                                                 / nbytes, 2),
             "reader_allocated": round(at300["reader"]["allocated"] / nbytes, 2),  # the kept version: 1
             "reader_peak": round(at300["reader"]["max_allocated"] / nbytes, 2),  # two during a hand-over
             "device_used_over_start": round((at300["reader"]["device_used"] - base["reader"]["device_used"]) / nbytes,
@@ -235,7 +226,14 @@ def slots_memory_300(gpu: bool) -> dict[str, Any]:
     grown = {side: bytes_ for side, bytes_ in growth.items() if bytes_ > limit}
     if grown:
         raise CheckFailed(f"memory grows from version 10 to {last} by {grown} bytes (state {nbytes} bytes)", found)
-    found["summary"] = f"flat from version 10 to {last} (growth {growth}); over the model: {found.get('over_model')}"
+    if held["ring"] > bound:
+        raise CheckFailed(f"the ring holds {held['ring']} bytes, more than its {bound}", found)
+    expected = source_ring_bytes(nbytes, *ring)  # the plan's figure (device, host) for the bulk of the state
+    if gpu and at300["writer"]["allocated"] - base["writer"]["allocated"] > bound + 2 * MiB:
+        raise CheckFailed(f"the writer's allocated memory grew by more than its ring ({bound} bytes)", found)
+    found["summary"] = (f"flat from version 10 to {last} (growth {growth}); ring {held['ring']} of at most {bound} "
+                        f"bytes, {held['host_buckets']} in host buckets (the plan: about {expected}); over the model: "
+                        f"{found.get('over_model')}")
     return found
 
 
@@ -253,7 +251,8 @@ def _python_digest(data: bytes) -> str:
 def digest_odd_bf16(gpu: bool) -> dict[str, Any]:
     import torch
 
-    from hwplace.runtime.weight_sync.device_share import SlotWriter, device_digest
+    from hwplace.runtime.weight_sync.device_ring import RingWriter
+    from hwplace.runtime.weight_sync.device_share import device_digest
 
     device = "cuda:0" if gpu else "cpu"
     small = torch.arange(33, dtype=torch.float32, device=device).to(torch.bfloat16)  # 66 bytes
@@ -292,9 +291,9 @@ def digest_odd_bf16(gpu: bool) -> dict[str, Any]:
     for tail in (33, 34):  # the slot's used bytes end odd / on a multiple of 4
         state = {"w": torch.ones(32 * MiB, dtype=torch.float32, device=device),
                  "tail": torch.ones(tail, dtype=torch.bfloat16, device=device)}
-        writer = SlotWriter()
+        writer = RingWriter()
         descriptor, peak = transient(lambda state=state, writer=writer: writer.write(1, state))
-        slot_extra[f"tail_{tail}_bf16"] = peak - writer._slots[0].buffer.numel()
+        slot_extra[f"tail_{tail}_bf16"] = peak - writer.device_bytes
         found.setdefault("slot_used_bytes", {})[f"tail_{tail}_bf16"] = descriptor.nbytes
         del writer, state
     found["slot_write_transient_bytes"] = slot_extra

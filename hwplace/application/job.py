@@ -134,8 +134,8 @@ class Job:
         return made
 
     def weight_sync(self, name: str, source: str, targets: Sequence[str] = ("rollout",), **options: Any) -> WeightSync:
-        """Weight sync ``name`` on the job's cluster (:meth:`hwplace.WeightSync.create`, with its ``source_rank`` and
-        ``bucket_bytes``): :meth:`snapshot` records its newest version; a resumed job's source goes on from there."""
+        """Weight sync ``name`` on the job's cluster (:meth:`hwplace.WeightSync.create`, with its options): the
+        newest version goes into :meth:`snapshot`; a resumed job's source goes on from there."""
         self.syncs[name] = WeightSync.create(name, source, targets, cluster=self.cluster, **options)
         continue_versions(self.syncs[name], self.cluster.executor(), self._record.get("weight_syncs", {}))
         return self.syncs[name]

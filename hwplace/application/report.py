@@ -18,9 +18,9 @@ from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
 from hwplace.planning.memory import DeviceMemory
 from hwplace.planning.sharing import shared_accelerators
-from hwplace.planning.sync_plan import SyncTarget, plan_sync
+from hwplace.planning.sync_plan import SAME_DEVICE, SyncPlan, SyncTarget, ring_bucket_bytes, sync_plan
 
-SyncPlans = list[tuple[SyncSpec, int, tuple[SyncTarget, ...]]]  # each sync, its source's node, its targets
+SyncPlans = list[tuple[SyncSpec, int, SyncPlan]]  # each sync, its source's node, its plan
 
 
 def _hardware_cell(placement: Placement) -> str:
@@ -147,14 +147,15 @@ def sync_plans(specs: Sequence[SyncSpec], plan: ComponentPlacement) -> SyncPlans
                               f"0-{len(sources) - 1}", value=spec.source_rank)
         targets = {t: plan.get_placements(t) for t in spec.targets}
         source = sources[spec.source_rank]
-        plans.append((spec, source.node_rank, plan_sync(source, targets)))
+        plans.append((spec, source.node_rank, sync_plan(source, (spec.source, spec.source_rank), targets,
+                                                        spec.bucket_bytes, spec.device_buckets)))
     return plans
 
 
 def print_sync_plans(plans: SyncPlans, out: TextIO) -> None:
     """One table per weight sync: each target rank's group, rank, node and transport, and on other nodes its relay
     (``relays``: the source sends it each version, it passes it on to its node's other ranks; ``via <group>
-    <rank>``: it gets each version from that relay)."""
+    <rank>``: it gets each version from that relay); then what it costs in device memory, per device."""
     for spec, node, targets in plans:
         out.write(f"weight sync {spec.name}: {spec.source} rank {spec.source_rank} (node {node}) -> "
                   f"{', '.join(spec.targets)}\n")
@@ -163,6 +164,7 @@ def print_sync_plans(plans: SyncPlans, out: TextIO) -> None:
         rows += [[t.group, str(t.rank), str(t.node), t.transport] + ([_relay_cell(t)] if relayed else [])
                  for t in targets]
         table(rows, out)
+        out.write("".join(f"{line}\n" for line in targets.memory()))
         out.write("\n")
 
 
@@ -174,5 +176,16 @@ def _relay_cell(target: SyncTarget) -> str:
 
 def sync_plans_json(plans: SyncPlans) -> dict[str, Any]:
     return {spec.name: {"source": spec.source, "source_rank": spec.source_rank, "targets": list(spec.targets),
-                        "source_node": node, "plan": [dataclasses.asdict(t) for t in targets]}
+                        "source_node": node, "plan": [dataclasses.asdict(t) for t in targets],
+                        "device_memory": _device_memory(spec, targets)}
             for spec, node, targets in plans}
+
+
+def _device_memory(spec: SyncSpec, targets: Sequence[SyncTarget]) -> dict[str, Any]:
+    """What a sync costs in device memory, as ``hwplace plan --json`` gives it: the bucket size and ring, the most
+    the source holds on a GPU it shares with a target (0 when none does), and the targets that hold a copy of the
+    model with ``latest()``."""
+    shared = [[t.group, t.rank] for t in targets if t.transport == SAME_DEVICE]
+    size = ring_bucket_bytes(spec.bucket_bytes)
+    return {"bucket_bytes": spec.bucket_bytes, "device_buckets": spec.device_buckets,
+            "source_max_bytes": spec.device_buckets * size if shared else 0, "model_copy_with_latest": shared}

@@ -1,9 +1,12 @@
 """The ``weight_sync:`` section of a job file, parsed into :class:`SyncSpec` records.
 
 Each entry names a source component and its targets (``{name: {source: trainer, targets: [rollout]}}``),
-checked against the components of ``cluster.component_placement``; a mistake is a
-:class:`~hwplace.ConfigError` naming the entry and the key. How each target gets the weights is planned from
-the placements in :mod:`hwplace.planning.sync_plan`. Imports the layers below.
+checked against the components of ``cluster.component_placement``, and optionally its ``source_rank``, its
+``bucket_bytes`` (the size of a bucket: ``64MiB``) and ``device_buckets`` (how many buckets the source keeps on a
+GPU it shares with a target: its device memory for the sync is at most their product); a mistake is a
+:class:`~hwplace.ConfigError` naming the entry and the key. :func:`check_buckets` is the one rule for both sizes,
+here and in ``WeightSync.create``. How each target gets the weights is planned from the placements in
+:mod:`hwplace.planning.sync_plan`. Imports the layers below.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwplace.foundation.errors import ConfigError
+from hwplace.foundation.sizes import parse_size
 from hwplace.foundation.wording import did_you_mean, safe_repr
 
-KEYS = ("source", "targets", "source_rank")  # the keys of one weight_sync entry
+KEYS = ("source", "targets", "source_rank", "bucket_bytes", "device_buckets")  # the keys of one weight_sync entry
+DEFAULT_BUCKET_BYTES = 64 * 2**20
+DEFAULT_DEVICE_BUCKETS = 8  # with 64 MiB buckets: at most 512 MiB of the source's GPU memory per sync
+MAX_DEVICE_BUCKETS = 2**16
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,23 @@ class SyncSpec:
     source: str
     targets: tuple[str, ...]
     source_rank: int = 0
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    device_buckets: int = DEFAULT_DEVICE_BUCKETS
+
+
+def check_buckets(bucket_bytes: Any, device_buckets: Any, path: str = "") -> tuple[int, int]:
+    """``bucket_bytes`` (a number of bytes above 0, or a size such as ``"64MiB"``) and ``device_buckets`` (a whole
+    number from 1 to 65536) as numbers; ``ConfigError`` naming the key (under ``path``) and what is allowed."""
+    where = f"{path}." if path else ""
+    size = parse_size(bucket_bytes, f"{where}bucket_bytes")
+    if size <= 0:
+        raise ConfigError(f"{where}bucket_bytes", "is the size of one bucket", value=bucket_bytes,
+                          allowed="above 0 bytes, such as 64MiB")
+    if isinstance(device_buckets, bool) or not isinstance(device_buckets, int) or \
+            not 1 <= device_buckets <= MAX_DEVICE_BUCKETS:
+        raise ConfigError(f"{where}device_buckets", "is how many buckets the source keeps on a GPU it shares with a "
+                          "target", value=device_buckets, allowed=f"a whole number from 1 to {MAX_DEVICE_BUCKETS}")
+    return size, device_buckets
 
 
 def parse_weight_sync(section: Any, components: Sequence[str]) -> tuple[SyncSpec, ...]:
@@ -56,7 +80,9 @@ def parse_weight_sync(section: Any, components: Sequence[str]) -> tuple[SyncSpec
         rank = entry.get("source_rank", 0)
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise ConfigError(f"{path}.source_rank", "is a rank of the source", value=rank)
-        specs.append(SyncSpec(str(name), source, targets, rank))
+        sizes = check_buckets(entry.get("bucket_bytes", DEFAULT_BUCKET_BYTES),
+                              entry.get("device_buckets", DEFAULT_DEVICE_BUCKETS), path)
+        specs.append(SyncSpec(str(name), source, targets, rank, *sizes))
     return tuple(specs)
 
 

@@ -1,6 +1,6 @@
 """The weight-sync transports without Ray: the one choice of a target's transport per version (from the GPU the
 tensors lie on), and a target taking same-device versions when it asks, through the CPU stand-in of the device
-slots: into a buffer it reuses, straight into a module, and an open that fails named."""
+buckets: into a buffer it reuses, straight into a module, and an open that fails named."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 import hwplace
 from hwplace.runtime.weight_sync import device_share
 from hwplace.runtime.weight_sync.announcements import Announcement
-from hwplace.runtime.weight_sync.device_share import CPU, ShareKind, SlotWriter
+from hwplace.runtime.weight_sync.device_ring import RingWriter
+from hwplace.runtime.weight_sync.device_share import CPU, ShareKind
 from hwplace.runtime.weight_sync.intake import Intake
 from hwplace.runtime.weight_sync.transports import SameDevice, SameNode, choose, source_device
 
@@ -61,12 +62,12 @@ class Mailbox:
 
 
 @pytest.fixture
-def target() -> tuple[SlotWriter, Mailbox, Intake]:
-    writer, mailbox = SlotWriter(), Mailbox()
+def target() -> tuple[RingWriter, Mailbox, Intake]:
+    writer, mailbox = RingWriter(), Mailbox()
     return writer, mailbox, Intake("policy", mailbox, SameDevice(None), SameNode("x"))  # type: ignore[arg-type]
 
 
-def publish(writer: SlotWriter, mailbox: Mailbox, version: int) -> None:
+def publish(writer: RingWriter, mailbox: Mailbox, version: int) -> None:
     mailbox.note = Announcement(version, writer.write(version, {"w": torch.full((64,), float(version))}))
 
 
@@ -97,13 +98,13 @@ def test_a_version_that_cannot_be_taken_keeps_the_previous_one_in_the_reused_buf
     assert intake.latest(0, 0).version == 1
     publish(writer, mailbox, 2)
     publish(writer, mailbox, 3)
-    mailbox.note = Announcement(5, replace(mailbox.note.where, version=5))  # its slot holds 3: skipped
+    mailbox.note = Announcement(5, replace(mailbox.note.where, version=5))  # its buckets hold 3: skipped
     kept = intake.latest(0, 0)
     assert kept.version == 1
     assert torch.equal(kept.tensors["w"], torch.full((64,), 1.0))
 
 
-def test_load_into_copies_from_the_slot_straight_into_the_module(target: Any) -> None:
+def test_load_into_copies_from_the_buckets_straight_into_the_module(target: Any) -> None:
     writer, mailbox, intake = target
     module = torch.nn.Module()
     module.register_buffer("w", torch.zeros(64))
@@ -114,7 +115,7 @@ def test_load_into_copies_from_the_slot_straight_into_the_module(target: Any) ->
     assert intake.latest(1, 0).version == 1  # asked for afterwards: copied then
 
 
-def test_a_slot_that_cannot_be_mapped_reaches_latest_naming_the_cause(target: Any,
+def test_a_bucket_that_cannot_be_mapped_reaches_latest_naming_the_cause(target: Any,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     writer, mailbox, intake = target
 
@@ -123,5 +124,5 @@ def test_a_slot_that_cannot_be_mapped_reaches_latest_naming_the_cause(target: An
 
     monkeypatch.setitem(device_share.KINDS, "cpu", ShareKind("cpu", CPU.share, refused))
     publish(writer, mailbox, 1)
-    with pytest.raises(hwplace.WeightSyncError, match=r"cannot map slot 0 .* pidfd_getfd: Operation not permitted"):
+    with pytest.raises(hwplace.WeightSyncError, match=r"cannot map bucket 0 .* pidfd_getfd: Operation not permitted"):
         intake.latest(1, 0)  # not a TimeoutError without a cause

@@ -1,5 +1,6 @@
 """hwplace.WeightSync on two nodes of each executor (tests/runtime_clusters.py): the plan's transports, versions,
-atomicity, load_into, and a corrupted bucket caught by its digest (the previous version kept)."""
+atomicity, load_into, a corrupted bucket caught by its digest (the previous version kept), and the device ring's
+memory bounded by its buckets."""
 
 from __future__ import annotations
 
@@ -83,6 +84,12 @@ class Trainer(hwplace.Worker):
         that shares it (here torch's CPU shared memory, standing in for CUDA IPC), the others read host copies."""
         with mock.patch.object(weights_module, "source_device", return_value=0):  # GPU 0, which rollout 0 holds
             return sync.publish(state_dict(version))
+
+    def ring_bytes(self, sync: hwplace.WeightSync) -> tuple[int, int]:
+        """The bytes this source's ring of device buckets holds, and its host buckets."""
+        source = sync._state().source
+        writer = None if source is None else source.same_device.writer
+        return (0, 0) if writer is None else (writer.device_bytes, writer.host_bytes)
 
     def segments(self, sync: hwplace.WeightSync) -> int:
         """How many shared-memory segments this source holds for ``sync``."""
@@ -281,6 +288,27 @@ def test_targets_that_all_share_the_source_accelerator_need_no_host_copy(groups,
         assert mate.slots_mapped(sync).wait(timeout=60) == [1]
     finally:
         mate.shutdown()
+
+
+def test_a_ring_smaller_than_the_model_bounds_the_source_and_every_version_arrives_whole(groups) -> None:
+    trainer, rollout, _ = groups
+    sync = hwplace.WeightSync.create("ring", source="trainer", targets=("rollout",), bucket_bytes="1KiB",
+                                     device_buckets=3)
+    assert "ring of 3 buckets of 1 KiB" in str(sync.plan)
+    assert sync.plan.device_bytes(12_600) == {"source": 3 * 1024, "rollout 0": 12_600}
+    for version in range(1, 9):  # 12,808 bytes a version: 3 buckets in the ring, 10 in host buckets
+        assert trainer.publish_through_slots(sync, version).wait(timeout=60) == [version]
+        assert rollout.latest(sync, version).wait(timeout=60) == [(version, [float(version)])] * 3
+        assert trainer.ring_bytes(sync).wait(timeout=60) == [(3 * 1024, 12_808 - 3 * 1024)]
+    assert rollout.load(sync, 8).wait(timeout=60) == [(8, 8.0)] * 3  # tensors across buckets too
+    assert rollout.slots_mapped(sync).wait(timeout=60)[0] == 13
+
+
+def test_bucket_sizes_out_of_bounds_are_refused_by_name(groups) -> None:
+    with pytest.raises(hwplace.ConfigError, match=r"^device_buckets: .* \(got 0\); a whole number from 1 to 65536"):
+        hwplace.WeightSync.create("bad", source="trainer", targets=("rollout",), device_buckets=0)
+    with pytest.raises(hwplace.ConfigError, match=r"^bucket_bytes: is the size of one bucket \(got 0\)"):
+        hwplace.WeightSync.create("bad", source="trainer", targets=("rollout",), bucket_bytes=0)
 
 
 def test_a_target_that_has_not_asked_yet_holds_up_no_other(groups) -> None:

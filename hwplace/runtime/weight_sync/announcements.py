@@ -1,9 +1,9 @@
 """What a weight sync's link carries: each version's :class:`Announcement` (where the version lies: in the
 announcement itself, :class:`InlineVersion`; in a segment of a node,
-:class:`~hwplace.runtime.weight_sync.segments.SegmentRef`; in a device slot,
-:class:`~hwplace.runtime.weight_sync.device_share.SlotDescriptor`; or following it on the link, :class:`Follows`),
+:class:`~hwplace.runtime.weight_sync.segments.SegmentRef`; in the source's device buckets,
+:class:`~hwplace.runtime.weight_sync.device_ring.RingDescriptor`; or following it on the link, :class:`Follows`),
 and how a value travels on a link: :func:`frames` (one fixed-size buffer, a second for the rest of a large pickle),
-read back by :func:`recv_pickle`. Imports the records of the segments and device-share modules; torch is passed in.
+read back by :func:`recv_pickle`. Imports the records of the segments and device-ring modules; torch is passed in.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwplace.runtime.weight_sync.buckets import Entry
-from hwplace.runtime.weight_sync.device_share import SlotDescriptor
+from hwplace.runtime.weight_sync.device_ring import RingDescriptor
 from hwplace.runtime.weight_sync.segments import SegmentRef
 
 HEAD_BYTES = 8 * 1024  # an announcement travels in one broadcast of this size when its pickle fits
@@ -33,7 +33,7 @@ class Follows:
     digests_follow: bool = False
 
 
-Where = InlineVersion | SegmentRef | SlotDescriptor | Follows
+Where = InlineVersion | SegmentRef | RingDescriptor | Follows
 
 
 @dataclass(frozen=True)

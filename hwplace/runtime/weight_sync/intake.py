@@ -3,14 +3,14 @@
 The receiver (:class:`~hwplace.runtime.weight_sync.links.Receiver`) keeps the newest announcement; ``latest()`` and
 ``load_into`` take it, by the transport its ``where`` names (:mod:`hwplace.runtime.weight_sync.transports`), in the
 caller's thread: nothing is copied behind the caller's back (on a shared GPU, never while the trainer holds its
-turn). A version whose slot or segment holds a newer one by then is skipped for that one; a version that does not
+turn). A version whose buckets or segment hold a newer one by then is skipped for that one; a version that does not
 match its digests is a ``WeightSyncError``, once, and the previous one stays the latest; while a version of at
 least ``min_version`` is awaited, older ones are not taken. The target keeps the newest version it took, and
 each ``latest()`` call gets tensors of its own: copy-on-write views of a version in host memory
-(:class:`~hwplace.runtime.weight_sync.transports.HostVersion`), a copy from the source's slot of a same-device
+(:class:`~hwplace.runtime.weight_sync.transports.HostVersion`), a copy from the source's device buckets of a same-device
 one, into the buffer of the one before when nothing else holds that any more; ``load_into`` copies one
-straight from the source's slot into the module. Imports the layers below and the room's buckets,
-device-share, links and transports modules.
+straight from the source's buckets into the module. Imports the layers below and the room's buckets,
+device-share, device-ring, links and transports modules.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any
 from hwplace.runtime.messaging.communicator import torch_module
 from hwplace.runtime.weight_sync.announcements import Announcement
 from hwplace.runtime.weight_sync.buckets import Weights
-from hwplace.runtime.weight_sync.device_share import SlotDescriptor, TornRead, views
+from hwplace.runtime.weight_sync.device_ring import RingDescriptor
+from hwplace.runtime.weight_sync.device_share import TornRead, entry_views
 from hwplace.runtime.weight_sync.links import Receiver
 from hwplace.runtime.weight_sync.transports import HostVersion, OtherNode, SameDevice, SameNode
 
@@ -51,7 +52,7 @@ class Intake:
             if self._host is not None:
                 return self._host.weights()  # copy-on-write views of the kept bytes
             assert self._kept is not None
-            self._seen = min(self._seen, self._kept.version - 1)  # the next call copies it anew from the slot
+            self._seen = min(self._seen, self._kept.version - 1)  # the next call copies it anew from the buckets
             return self._kept
 
     def load_into(self, module: Any, min_version: int, timeout: float | None) -> int:
@@ -81,7 +82,7 @@ class Intake:
                                    if timeout is not None else f"weight sync {self.name!r}: no version >= {wanted}")
             note, held = got
             self._seen = note.version
-            if isinstance(note.where, SlotDescriptor) and module is not None:
+            if isinstance(note.where, RingDescriptor) and module is not None:
                 try:
                     self.same_device.load(note.where, module)
                 except TornRead:
@@ -89,7 +90,7 @@ class Intake:
                 self._forget()  # the module holds it now
                 self._seen = note.version - 1  # latest() copies it, if asked before a newer one comes
                 return note.version
-            if isinstance(note.where, SlotDescriptor):
+            if isinstance(note.where, RingDescriptor):
                 taken = self._taken_slot(note)
             else:
                 host = OtherNode.take(note, held) if held is not None else self.same_node.take(note)
@@ -115,8 +116,8 @@ class Intake:
         self._host, self._kept, self._kept_note, self._buffer = None, None, None, None
 
     def _taken_slot(self, note: Announcement) -> bool:
-        """Copy the same-device version ``note`` announces and keep it; False when a newer one has taken its slot."""
-        assert isinstance(note.where, SlotDescriptor)
+        """Copy the same-device version ``note`` announces and keep it; False when a newer one has taken its buckets."""
+        assert isinstance(note.where, RingDescriptor)
         into = self._free_buffer()
         weights = None
         try:
@@ -136,7 +137,7 @@ class Intake:
         """The kept same-device version's buffer, when nothing but this intake holds it any more (the kept version
         is let go then, to be built again if the next version is not taken), else None."""
         note, buffer = self._kept_note, self._buffer
-        if buffer is None or note is None or not isinstance(note.where, SlotDescriptor):
+        if buffer is None or note is None or not isinstance(note.where, RingDescriptor):
             return None
         self._kept = None  # the only references this intake holds, besides the buffer itself
         count = getattr(torch_module()._C, "_storage_Use_Count", None)
@@ -148,8 +149,8 @@ class Intake:
     def _keep_buffered(self) -> None:
         note = self._kept_note
         assert note is not None
-        assert isinstance(note.where, SlotDescriptor)
-        self._kept = Weights(note.version, MappingProxyType(views(note.where, self._buffer)))
+        assert isinstance(note.where, RingDescriptor)
+        self._kept = Weights(note.version, MappingProxyType(entry_views(note.where.entries, self._buffer)))
 
     def close(self) -> None:
         """Let go of the link, the kept version and every mapping."""

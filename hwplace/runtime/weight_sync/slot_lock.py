@@ -1,16 +1,15 @@
-"""The lock and stamp of one device slot: what keeps a source from rewriting or freeing a slot while a target
-copies from it, and tells a target whether the slot still holds the version it was told of.
+"""The lock and stamp of one device bucket (a *slot*): what keeps a source from rewriting or freeing a bucket while a
+target copies from it, and tells a target whether the bucket still holds the version it was told of.
 
-Each slot of a :class:`~hwplace.runtime.weight_sync.device_share.SlotWriter` has a small file of its own (a memfd
-on Linux, a file in the temp dir elsewhere) holding a stamp: a magic number, the slot's generation (its
-allocation) and the version it holds (0 while it is written). The source rewrites or frees a slot only under an
+Each bucket of a :class:`~hwplace.runtime.weight_sync.device_ring.RingWriter` has a small file of its own (a memfd
+on Linux, a file in the temp dir elsewhere) holding a stamp: a magic number, the bucket's generation (its
+allocation) and the version it holds (0 while it is written). The source rewrites or frees a bucket only under an
 exclusive ``flock`` of that file, waiting for a target still copying from it; a target copies only under a
 shared lock, taken without waiting, and only when the stamp names the version it wants. So a copy is never torn
-and a freed slot is never read; a target that finds the slot being written or rewritten skips that version, as
-a newer one is on its way. A process that dies lets go of its locks. Imports nothing of hwplace but the
+and a freed bucket is never read; a target that finds the bucket being written or rewritten skips that version,
+as a newer one is on its way. A process that dies lets go of its locks. Imports nothing of hwplace but the
 foundation.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -72,7 +71,7 @@ def reading(ref: LockRef, generation: int, version: int) -> Iterator[str]:
         yield f"generation {generation} cannot be opened (its lock is gone); the source freed it or ended"
         return
     except OSError as exc:
-        raise WeightSyncError(f"cannot open the lock of the source's device slot ({exc}); the source (process "
+        raise WeightSyncError(f"cannot open the lock of the source's device bucket ({exc}); the source (process "
                               f"{pid}) and this target must run as the same user on one node, with /proc "
                               "readable") from None
     try:

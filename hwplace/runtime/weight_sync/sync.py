@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hwplace.config.weight_sync import DEFAULT_BUCKET_BYTES, DEFAULT_DEVICE_BUCKETS, check_buckets
 from hwplace.contracts.capabilities import Rendezvous, require
 from hwplace.contracts.executor import GroupEntry
 from hwplace.contracts.records import WorkerContext
@@ -31,10 +32,10 @@ from hwplace.foundation.timeouts import wait_timeout
 from hwplace.foundation.trace import SYNC, WAIT, traced
 from hwplace.foundation.wording import safe_repr
 from hwplace.inventory.cluster import Cluster
-from hwplace.planning.sync_plan import SAME_DEVICE, TRANSPORTS, SyncTarget, plan_sync, relayed, relays
+from hwplace.planning.sync_plan import SAME_DEVICE, TRANSPORTS, SyncPlan, SyncTarget, relayed, relays, sync_plan
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import check_member, find_entry
-from hwplace.runtime.weight_sync.buckets import DEFAULT_BUCKET_BYTES, Weights, check_state_dict
+from hwplace.runtime.weight_sync.buckets import Weights, check_state_dict
 from hwplace.runtime.weight_sync.intake import Intake
 from hwplace.runtime.weight_sync.links import WATCH, Link, Receiver, incarnation, link_key
 from hwplace.runtime.weight_sync.relay import Relay, relayed_dead
@@ -104,24 +105,27 @@ class WeightSync:
     ``WeightSync.create(name, source, targets, source_rank=0)`` on the driver; pass it to worker methods.
     ``sync.publish(state_dict)`` on the source returns the new version (1, 2, ...); ``sync.latest(min_version,
     timeout)`` on a target returns :class:`Weights`; ``sync.load_into(module)`` loads them into a torch module.
-    ``sync.plan`` lists each target rank's group, rank, node and transport; ``sync.device_bytes(model_bytes)``
-    the GPU memory the sync costs; ``sync.close()`` lets go of what this process holds for it.
+    ``sync.plan`` lists each target rank's group, rank, node and transport, and what the sync costs in device
+    memory (a :class:`~hwplace.planning.sync_plan.SyncPlan`), ``sync.device_bytes(model_bytes)`` in numbers;
+    ``sync.close()`` lets go of what this process holds for it.
     """
 
-    def __init__(self, name: str, source: str, source_rank: int, plan: tuple[SyncTarget, ...], uid: str,
-                 bucket_bytes: int, holds: Mapping[tuple[str, int], tuple[int, ...]] | None = None) -> None:
+    def __init__(self, name: str, source: str, source_rank: int, plan: SyncPlan, uid: str,
+                 holds: Mapping[tuple[str, int], tuple[int, ...]] | None = None) -> None:
         self.name = name
         self.source = source
         self.source_rank = source_rank
         self.plan = plan
-        self.bucket_bytes = bucket_bytes
+        self.bucket_bytes, self.device_buckets = plan.bucket_bytes, plan.device_buckets
         self._uid = uid
         self._holds = dict(holds or {})  # same-device targets: the node-local hardware ranks each holds
 
     @classmethod
     def create(cls, name: str, source: str, targets: Sequence[str] = ("rollout",), source_rank: int = 0,
-               bucket_bytes: int = DEFAULT_BUCKET_BYTES, *, cluster: Cluster | None = None) -> WeightSync:
-        """A new weight sync between running groups; ``ConfigError`` naming a group or rank that is not there.
+               bucket_bytes: int | str = DEFAULT_BUCKET_BYTES, *, device_buckets: int = DEFAULT_DEVICE_BUCKETS,
+               cluster: Cluster | None = None) -> WeightSync:
+        """A new weight sync between running groups; ``ConfigError`` naming a group or rank that is not there, or
+        a ``bucket_bytes`` or ``device_buckets`` out of bounds (:func:`~hwplace.config.weight_sync.check_buckets`).
 
         ``cluster`` names the cluster the groups run on (default: this process's, :func:`hwplace.executor.session`);
         an executor without a rendezvous (:class:`hwplace.executor.Rendezvous`) is a ``PluginError`` naming it.
@@ -134,17 +138,16 @@ class WeightSync:
             raise ConfigError("name", "a weight sync's name is a non-empty string", value=name)
         if isinstance(targets, str) or not targets:
             raise ConfigError("targets", "a tuple of target group names", value=targets)
-        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes <= 0:
-            raise ConfigError("bucket_bytes", "a number of bytes above 0", value=bucket_bytes)
+        size, ring = check_buckets(bucket_bytes, device_buckets)
         entry = find_entry(executor, source)
         check_member(entry, source_rank, "source_rank")
         if source in targets:
             raise ConfigError("targets", f"include the source group {source!r}", allowed="other groups")
         placements = {t: find_entry(executor, t).placements for t in targets}
-        plan = plan_sync(entry.placements[source_rank], placements)
+        plan = sync_plan(entry.placements[source_rank], (source, source_rank), placements, size, ring)
         holds = {(t.group, t.rank): placements[t.group][t.rank].local_hardware_ranks for t in plan
                  if t.transport == SAME_DEVICE}
-        return cls(name, source, source_rank, plan, os.urandom(8).hex(), bucket_bytes, holds)
+        return cls(name, source, source_rank, plan, os.urandom(8).hex(), holds)
 
     def __repr__(self) -> str:
         targets = sorted({t.group for t in self.plan})
@@ -266,7 +269,7 @@ class WeightSync:
                 link = state.links.get((t.group, t.rank))
                 if link is not None:
                     links[choose(t.transport, self._holds.get((t.group, t.rank), ()), device)].append(link)
-            state.source = state.source or Source(self._uid, visible, self.bucket_bytes)
+            state.source = state.source or Source(self._uid, visible, self.bucket_bytes, self.device_buckets)
             dead = len(state.dead)
             state.source.publish(version, state_dict, links, standby=standby)
             state.version, state.device = version, device
@@ -311,16 +314,13 @@ class WeightSync:
         return dead
 
     def device_bytes(self, model_bytes: int) -> dict[str, int]:
-        """The most GPU memory this sync takes besides the model itself, for a state dict of ``model_bytes``,
-        by who holds it: ``"source"`` (two device slots, when a target shares its GPU) and ``"<group> <rank>"``
-        for each same-device target (its copy of the version ``latest()`` returned; none with ``load_into``)."""
-        shared = [t for t in self.plan if t.transport == SAME_DEVICE]
-        if not shared:
-            return {}
-        return {"source": 2 * model_bytes, **{f"{t.group} {t.rank}": model_bytes for t in shared}}
+        """The most GPU memory this sync takes besides the model, for a state dict of ``model_bytes``, by holder:
+        ``"source"`` (its ring, when a target shares its GPU) and ``"<group> <rank>"`` for each same-device target
+        (its copy with ``latest()``): what ``sync.plan`` states (:func:`~hwplace.planning.sync_plan.device_bytes`)."""
+        return self.plan.device_bytes(model_bytes)
 
     def close(self) -> None:
-        """Let go of everything this process holds for the sync: on the source its device slots, segments and
+        """Let go of everything this process holds for the sync: on the source its device buckets, segments and
         links, on a target its link, kept version and mappings. Idempotent; the sync is closed in this process."""
         state = self._state()
         with state.lock:
@@ -394,7 +394,7 @@ class WeightSync:
     @traced("weights.load_into", SYNC, lambda sync, *_, **__: {"sync": sync.name})
     def load_into(self, module: Any, min_version: int = 0, timeout: float | None = None) -> int:
         """Load the latest weights into a torch module (``load_state_dict``); returns their version. A version on
-        this GPU (``same-device``) is copied from the source's slot straight into the module's parameters."""
+        this GPU (``same-device``) is copied from the source's buckets straight into the module's parameters."""
         if isinstance(min_version, bool) or not isinstance(min_version, int) or min_version < 0:
             raise WeightSyncError(f"min_version is a version number (0 or more), got {safe_repr(min_version)}")
         return self._intake("WeightSync.load_into").load_into(module, min_version, wait_timeout(timeout))

@@ -5,9 +5,9 @@ Each class owns both ends of its transport: how the source lays a version down f
 :class:`~hwplace.runtime.weight_sync.links.Announcement` whose ``where`` it builds) and how a target takes it:
 
 - :class:`SameDevice` (``same-device``): the tensors lie on the GPU the target holds. The source writes the
-  version into one of two device slots (:mod:`hwplace.runtime.weight_sync.device_share`, CUDA IPC); the target
-  copies it from there when it asks, into a buffer of its own that it reuses, or straight into a module
-  (``load_into``).
+  version into its ring of fixed-size device buckets (:mod:`hwplace.runtime.weight_sync.device_ring`, CUDA IPC;
+  the rest of a version larger than the ring in host buckets); the target copies it from there when it asks,
+  into a buffer of its own that it reuses, or straight into a module (``load_into``).
 - :class:`SameNode` (``same-node``): the node's shared memory. A version up to ``ANNOUNCED_BYTES`` travels in its
   announcement; a larger one is written once, bucket after bucket, into a segment of the source
   (:mod:`hwplace.runtime.weight_sync.segments`) that every target of the node maps and reads in place.
@@ -16,7 +16,7 @@ Each class owns both ends of its transport: how the source lays a version down f
 
 :class:`Source` is the source process's side of one weight sync: the three transports and the version each
 target gets. Imports the layers below, the planning's transport names, and the room's buckets, device-share,
-segments and links modules.
+device-ring, segments and links modules.
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from hwplace.config.weight_sync import DEFAULT_BUCKET_BYTES, DEFAULT_DEVICE_BUCKETS
 from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SAME_NODE
 from hwplace.runtime.messaging.communicator import torch_module
 from hwplace.runtime.weight_sync.announcements import Announcement, Follows, InlineVersion
 from hwplace.runtime.weight_sync.buckets import INLINE_BYTES, Entry, Packed, Weights, check, pack, sizes, unpack
-from hwplace.runtime.weight_sync.device_share import SlotDescriptor, SlotReader, SlotWriter, physical_device, views
+from hwplace.runtime.weight_sync.device_ring import RingDescriptor, RingReader, RingWriter
+from hwplace.runtime.weight_sync.device_share import physical_device
 from hwplace.runtime.weight_sync.links import ANNOUNCED_BYTES, Link, buckets_of, fan_out
 from hwplace.runtime.weight_sync.segments import HeldBytes, HeldFile, SegmentPool, SegmentReader, SegmentRef
 
@@ -55,34 +57,40 @@ def choose(planned: str, holds: Sequence[int], device: int | None) -> str:
 
 
 class SameDevice:
-    """``same-device``: a version in one of the source's two device slots, copied by the target when it asks."""
+    """``same-device``: a version in the source's ring of device buckets, copied by the target when it asks.
+
+    ``bucket_bytes`` and ``device_buckets`` bound the source's device memory (the ring); on a target they are
+    unused (the descriptor says where each bucket lies)."""
 
     name = SAME_DEVICE
 
-    def __init__(self, visible: Sequence[int] | None) -> None:
+    def __init__(self, visible: Sequence[int] | None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 device_buckets: int = DEFAULT_DEVICE_BUCKETS) -> None:
         self.visible = visible
-        self.writer: SlotWriter | None = None
-        self.reader: SlotReader | None = None
+        self.bucket_bytes = bucket_bytes
+        self.device_buckets = device_buckets
+        self.writer: RingWriter | None = None
+        self.reader: RingReader | None = None
 
     def lay_down(self, version: int, state_dict: Mapping[str, Any]) -> Announcement:
-        """Write the version into a slot (device to device): its announcement."""
-        self.writer = self.writer or SlotWriter(self.visible)
+        """Write the version into the ring (device to device): its announcement."""
+        self.writer = self.writer or RingWriter(self.visible, self.bucket_bytes, self.device_buckets)
         return Announcement(version, self.writer.write(version, state_dict))
 
-    def take(self, where: SlotDescriptor, into: Any = None) -> Weights:
+    def take(self, where: RingDescriptor, into: Any = None) -> Weights:
         """The version, copied into ``into`` (reused when it fits) or a new buffer on this process's device."""
-        self.reader = self.reader or SlotReader(self.visible)
+        self.reader = self.reader or RingReader(self.visible)
         return Weights(where.version, MappingProxyType(self.reader.read(where, into)))
 
-    def load(self, where: SlotDescriptor, module: Any) -> None:
-        """Load the version straight from the slot into ``module`` (its own parameters: no buffer of the target)."""
-        self.reader = self.reader or SlotReader(self.visible)
-        with self.reader.held(where) as data:
-            module.load_state_dict(views(where, data))
+    def load(self, where: RingDescriptor, module: Any) -> None:
+        """Load the version straight from the buckets into ``module`` (its own parameters: no buffer of the
+        target)."""
+        self.reader = self.reader or RingReader(self.visible)
+        self.reader.load(where, module)
 
     @property
     def device_bytes(self) -> int:
-        """The device memory the source's slots hold now (0 on a target)."""
+        """The device memory the source's ring holds now (0 on a target)."""
         return 0 if self.writer is None else self.writer.device_bytes
 
     def close(self) -> None:
@@ -215,8 +223,9 @@ class Source:
     """The source process's side of one weight sync: its three transports, and where its newest version still
     lies for each (:meth:`newest`: what a target that joins late is offered)."""
 
-    def __init__(self, uid: str, visible: Sequence[int] | None, bucket_bytes: int) -> None:
-        self.same_device = SameDevice(visible)
+    def __init__(self, uid: str, visible: Sequence[int] | None, bucket_bytes: int,
+                 device_buckets: int = DEFAULT_DEVICE_BUCKETS) -> None:
+        self.same_device = SameDevice(visible, bucket_bytes, device_buckets)
         self.same_node = SameNode(uid)
         self.bucket_bytes = bucket_bytes
         self._newest: dict[str, tuple[Announcement, list[Any]]] = {}

@@ -93,7 +93,7 @@ def test_cuda_tensors_reach_a_rank_on_the_same_gpu_through_cuda_ipc() -> None:
 
 @needs_a_gpu
 @pytest.mark.time_limit(300)
-def test_load_into_reads_the_slot_in_place_and_close_gives_the_slots_back() -> None:
+def test_load_into_reads_the_ring_in_place_and_close_gives_the_ring_back() -> None:
     config = {"cluster": {"num_nodes": 1, "address": "local",
                           "node_groups": [{"label": "gpu", "node_ranks": "0", "hardware": {"type": "cuda"}}],
                           "component_placement": {"trainer": {"node_group": "gpu", "placement": "0"},
@@ -111,7 +111,7 @@ def test_load_into_reads_the_slot_in_place_and_close_gives_the_slots_back() -> N
             assert waiting.wait(timeout=120) == [(version, scale, 0)]  # no buffer of the target's own
         rollout.close(sync).wait(timeout=120)
         [(before, after)] = trainer.close(sync).wait(timeout=120)
-        assert before - after >= 2 * (4096 * 4 + 2_000_000 * 2)  # both slots given back
+        assert before - after >= 2 * (4096 * 4 + 2_000_000 * 2)  # both ends of the ring given back
     finally:
         trainer.shutdown()
         rollout.shutdown()
