@@ -76,7 +76,9 @@ def main() -> None:
         sides["rlinf"] = lambda n, run: rlinf_baseline.launch_group_seconds(n)
     else:
         print(f"RLinf column left out: {rlinf_baseline.RLINF_MISSING_REASON}")
-    with_hwplace(2, cluster, -1)  # warm-up: first-use costs (remote function export) are not launch time
+    # warm-up, each side: first-use costs (exporting an actor class, the remote functions) are not launch time
+    with_hwplace(2, cluster, -1)
+    bare_ray(2, node_id)
     print(f"ray {ray.__version__}, hwplace {hwplace.__version__}"
           + (f", rlinf {rlinf_baseline.RLINF_VERSION}" if rlinf_baseline.RLINF_VERSION else "")
           + f"; {os.cpu_count()} CPUs; median of {args.repeat} runs, seconds until every worker answered once")

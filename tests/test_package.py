@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 import subprocess
@@ -21,6 +22,41 @@ def test_import_hwplace_imports_neither_ray_nor_torch() -> None:
     code = "import sys, hwplace, hwplace.testing; print(sorted({'ray', 'torch', 'omegaconf'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_a_worker_process_imports_only_the_part_of_hwplace_it_uses() -> None:
+    # a worker's host loads Worker and its hosting; the job runner, planning's search and weight sync stay unloaded
+    code = "import sys, hwplace, hwplace.executor; print(sorted(m for m in sys.modules if m.startswith('hwplace.')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = result.stdout
+    assert "'hwplace.runtime.hosting'" in loaded
+    for unused in ("hwplace.application", "hwplace.planning.search", "hwplace.planning.cost",
+                   "hwplace.runtime.weight_sync", "hwplace.testing"):
+        assert f"'{unused}" not in loaded, unused
+
+
+def test_the_lazy_public_names_are_the_ones_type_checkers_see() -> None:
+    # hwplace/__init__.py loads most public names on first use (its _HOMES); the imports under TYPE_CHECKING
+    # name the same modules, and those names with the ones imported at once make up __all__
+    tree = ast.parse((ROOT / "hwplace" / "__init__.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    seen: dict[str, str] = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom)
+        assert node.module is not None
+        for alias in node.names:
+            name = alias.asname or alias.name
+            if node.module == "hwplace":
+                seen[name] = f"hwplace.{alias.name}"
+            else:
+                seen[name] = node.module if alias.name == name else f"{node.module}:{alias.name}"
+    assert seen == hwplace._HOMES
+    eager = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+             and (node.module or "").startswith("hwplace") for alias in node.names}
+    eager |= {target.id for node in tree.body if isinstance(node, ast.Assign) for target in node.targets
+              if isinstance(target, ast.Name) and not target.id.startswith("_")}
+    assert not eager & set(seen)
+    assert set(hwplace.__all__) | {"errors", "executor"} == eager | set(seen)  # two public modules not in __all__
 
 
 def test_error_hierarchy() -> None:

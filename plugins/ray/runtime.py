@@ -132,13 +132,17 @@ class RayGroupRuntime(GroupRuntime):
         self.specs = tuple(request.workers)
         self._release = release
         payload = cloudpickle.dumps(request.worker_class)  # type: ignore[no-untyped-call]
-        with _pickled(self.name, range(len(self.specs)), "the constructor", request.args, request.kwargs):
-            self._shared = ray.put((payload, request.args, dict(request.kwargs)))  # kept: restarts construct again
+        shared = (payload, request.args, dict(request.kwargs))  # kept: restarts construct again
         self._host = host
         self.incarnations = Incarnations(len(self.specs))
         self._restart_lock = threading.Lock()
         self._deaths: queue.SimpleQueue[tuple[int, int, concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
-        self.actors = [self._start(rank) for rank in range(len(self.specs))]
+        with _pickled(self.name, range(len(self.specs)), "the constructor", request.args, request.kwargs):
+            # bulky: in the object store once for all ranks; else with each actor's creation, which saves each new
+            # process a fetch from the store
+            bulky = _bulky((payload, *request.args, *request.kwargs.values()))
+            self._shared: Any = ray.put(shared) if bulky else shared
+            self.actors = [self._start(rank) for rank in range(len(self.specs))]
 
     def _start(self, rank: int, attempt: int = 0, cause: str = "") -> Any:
         spec = self.specs[rank]
