@@ -75,6 +75,18 @@ def length(intervals: Intervals) -> float:
     return sum(end - start for start, end in intervals)
 
 
+RUNTIME_WAITS = ("turn.wait", "weights.latest")  # hwplace's own waits on another component, with channel ones
+CHANNEL_NOTES = ("channel", "on")  # the notes hwplace gives the spans of its channel operations
+
+
+def on_another(event: Mapping[str, Any]) -> bool:
+    """Whether a ``wait`` span is one hwplace records, on another component: a channel (its notes name it), a
+    turn on a shared accelerator, a weight version. The waits a job marks with ``hwplace.span`` (a collective)
+    are on the component's own ranks."""
+    args = event.get("args") or {}
+    return event["name"] in RUNTIME_WAITS or any(note in args for note in CHANNEL_NOTES)
+
+
 def constructors(events: Iterable[Mapping[str, Any]]) -> dict[str, Intervals]:
     """Per track (``pid:tid``), the spans of its constructors (``__init__``)."""
     found: dict[str, Intervals] = defaultdict(list)

@@ -3,9 +3,11 @@ profile, and :func:`predict`, which applies it to a planned :class:`~hwplace.Com
 
 The rule. Components that share an accelerator form a *cell* (with those they share with, transitively);
 components of one cell take turns, so their work serializes: a cell's time is the sum of its components'
-stage seconds, plus, where the cell has more than one component, each one's measured offload and onload, plus
-every weight sync whose source or a target is in the cell. Cells run side by side and pipeline (one step
-off-policy), so the step takes as long as the slowest cell. A weight sync takes its bytes over the bandwidth
+stage seconds, plus, where the cell has more than one component, each one's measured offload and onload; but
+no less than any one component's own cycle, its stage seconds plus the driver's time between two of its calls
+(``between``: while the driver works, the component's cell-mates may compute, itself not); plus every weight
+sync whose source or a target is in the cell. Cells run side by side and pipeline (one step off-policy), so
+the step takes as long as the slowest cell. A weight sync takes its bytes over the bandwidth
 of its slowest transport: ``same-device``, ``same-node`` or ``other-node`` (:mod:`hwplace.planning.sync_plan`).
 The search (:mod:`hwplace.planning.search`) applies the same functions without building placements.
 Imports the layers below and the other modules of :mod:`hwplace.planning` but ``search``.
@@ -98,19 +100,33 @@ class Prediction:
         return all(m.fits for m in self.memory)
 
 
-def cell_cost(members: Sequence[tuple[str, Point, ComponentResources | None]],
-              syncs: Sequence[SyncCost]) -> CellCost:
-    """A cell's seconds: its components' stages one after another, their turns, and ``syncs`` (those touching
-    it)."""
+Parts = tuple[tuple[str, float], ...]
+
+
+def cell_work(members: Sequence[tuple[str, Point, ComponentResources | None]]) -> tuple[float, Parts]:
+    """A cell's seconds before weight sync, and what they are made of: its components' stages one after another
+    with their turns, or, where it is longer, one component's cycle (its stages and the driver's time between
+    two of its calls, during which the others may work)."""
     shared = len(members) > 1
-    parts: list[tuple[str, float]] = []
+    serial: list[tuple[str, float]] = []
     for name, point, memory in members:
-        parts.append((name, point.seconds))
+        serial.append((name, point.seconds))
         swap = swap_seconds(name, point, memory, shared)
         if swap:
-            parts.append((f"{name} offload+onload", swap))
-    parts += [(f"weight sync {s.name} ({s.transport})", s.seconds) for s in syncs]
-    return CellCost(tuple(m[0] for m in members), sum(seconds for _, seconds in parts), tuple(parts))
+            serial.append((f"{name} offload+onload", swap))
+    total = sum(seconds for _, seconds in serial)
+    name, point, _ = max(members, key=lambda member: member[1].cycle)
+    if point.between and point.cycle > total:
+        return point.cycle, ((name, point.seconds), (f"{name} between steps (driver)", point.between))
+    return total, tuple(serial)
+
+
+def cell_cost(members: Sequence[tuple[str, Point, ComponentResources | None]],
+              syncs: Sequence[SyncCost]) -> CellCost:
+    """A cell's seconds: :func:`cell_work`, and ``syncs`` (those touching it)."""
+    work, parts = cell_work(members)
+    synced = tuple((f"weight sync {s.name} ({s.transport})", s.seconds) for s in syncs)
+    return CellCost(tuple(m[0] for m in members), work + sum(s.seconds for s in syncs), parts + synced)
 
 
 def predict(plan: ComponentPlacement, profile: Profile) -> Prediction:

@@ -28,7 +28,7 @@ from hwplace.foundation.errors import ConfigError, PlacementError
 from hwplace.foundation.wording import plural
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
-from hwplace.planning.cost import SyncCost, memory_of, slowest, swap_seconds, sync_seconds
+from hwplace.planning.cost import SyncCost, cell_work, memory_of, slowest, sync_seconds
 from hwplace.planning.layouts import Candidate, Cell, SearchResult, Slot, written_entry
 from hwplace.planning.memory import capacity_of, peak
 from hwplace.planning.profile import NotMeasured, Point, Profile
@@ -133,7 +133,7 @@ class _State:
             if name in profile.components:
                 per = len(ranks[0].local_hardware_ranks) if ranks[0].local_accelerator_id >= 0 else 1
                 self.fixed_points[name] = profile.component(name).at(len(ranks), per)
-        self.fixed_cells = [(point.seconds, self._touching((name,))) for name, point in self.fixed_points.items()]
+        self.fixed_cells = [(point.cycle, self._touching((name,))) for name, point in self.fixed_points.items()]
 
     def _least_sync(self, index: int, names: Sequence[str]) -> float:
         """The least weight sync ``index`` can cost in a cell of ``names``: by ``same-device`` only when the cell
@@ -161,7 +161,7 @@ class _State:
                     point = entry.at(size // per, per)
                 except NotMeasured:
                     continue
-                if size not in found or point.seconds < found[size][0].seconds:
+                if size not in found or point.cycle < found[size][0].cycle:
                     found[size] = (point, memory_of(name, point, self.declared))
         return found
 
@@ -172,7 +172,7 @@ class _State:
         for size in sorted(sizes):
             members = [(n, *self.options[n][size]) for n in names]
             try:
-                seconds = sum(p.seconds + swap_seconds(n, p, m, len(names) > 1) for n, p, m in members)
+                seconds = cell_work(members)[0]
             except NotMeasured as exc:
                 reason = reason or exc.reason
                 continue
