@@ -57,21 +57,20 @@ def test_apart_components_pipeline_bounded_by_the_slowest() -> None:
 
 
 def test_a_cell_is_no_faster_than_one_components_cycle_with_the_drivers_time_between_steps() -> None:
-    driven = profile().to_json()
-    for entry in driven["components"]["trainer"]["points"]:
-        entry["between"] = {"seconds": 1.5}
-    driven = parse_profile(driven)
-    apart = predict(plan({"trainer": "0-1", "rollout": "2-3"}), driven)
+    def driven(between: float) -> Profile:
+        data = profile().to_json()
+        for entry in data["components"]["trainer"]["points"]:
+            entry["between"] = {"seconds": between}
+        return parse_profile(data)
+
+    apart = predict(plan({"trainer": "0-1", "rollout": "2-3"}), driven(1.5))
     assert apart.cells[0].parts == (("trainer", 3.0), ("trainer between steps (driver)", 1.5),
                                     ("weight sync policy (same-node)", 0.1))
     assert apart.step_seconds == pytest.approx(4.6)
     # colocated, the rollout works while the driver does: the turns' 3 + 0.75 + 2 outlast the trainer's 4.5
-    assert predict(plan({"trainer,rollout": "0-1"}), driven).step_seconds == pytest.approx(5.85)
+    assert predict(plan({"trainer,rollout": "0-1"}), driven(1.5)).step_seconds == pytest.approx(5.85)
     # a driver slower between steps than the rollout's turn: the trainer's cycle, 3 + 3, binds the cell
-    slow = driven.to_json()
-    for entry in slow["components"]["trainer"]["points"]:
-        entry["between"] = {"seconds": 3.0}
-    colocated = predict(plan({"trainer,rollout": "0-1"}), parse_profile(slow))
+    colocated = predict(plan({"trainer,rollout": "0-1"}), driven(3.0))
     assert colocated.cells[0].parts == (("trainer", 3.0), ("trainer between steps (driver)", 3.0),
                                         ("weight sync policy (same-node)", 0.1))
     assert colocated.step_seconds == pytest.approx(6.1)
