@@ -16,7 +16,11 @@ Every run has ``--trace`` too (``--keep`` keeps them: ``hwplace report`` says wh
 
 A run's measured step is its training time (the driver's clock, from the first step's call to the last step's
 result) over its steps; the predicted step of each run's plan is ``hwplace plan --profile`` of that plan from both
-profiles. ``--png FILE`` draws one step of the chosen run (``benchmarks/timeline_png.py``, needs Pillow).
+profiles, and from the run's own profile (the cost model alone, without the change of load from one run to the
+next: on a shared machine the same plan can measure twice as slow an hour later). Each run's trainer step is
+also split, from its trace, into what it spent: work, collectives, waits on other components, hand-overs, sync,
+and the driver's time between two steps. ``--png FILE`` draws one step of the chosen run
+(``benchmarks/timeline_png.py``, needs Pillow).
 
 Run: python benchmarks/grpo_search.py [--steps 40] [--tokens 1400] [--png docs/grpo-step.png] [--keep FOLDER]
 """
@@ -167,16 +171,19 @@ def main() -> None:
         path = config(folder, "chosen", chosen)
         runs["chosen"] = run(path, chosen, args, folder)
         plans["chosen"] = chosen
-        print("\npredicted (hwplace plan --profile, from both profiles) against measured (training time / steps)")
-        print(f"  {'run':<10} {'placement':<34} {'predicted':>10} {'measured':>10} {'measured/predicted':>19}")
+        print("\npredicted (hwplace plan --profile, from both profiles; and from the run's own profile) against "
+              "measured (training time / steps)")
+        print(f"  {'run':<10} {'placement':<34} {'predicted':>10} {'measured':>10} {'measured/predicted':>19} "
+              f"{'own profile':>12} {'measured/own':>13}")
         worst = 0.0
         for name, placement in plans.items():
             guess = predicted(folder / f"{name}.yaml", profiles)
+            own = predicted(folder / f"{name}.yaml", [runs[name]["profile"]])
             measured = runs[name]["step"]
             worst = max(worst, abs(measured / guess - 1))
             written = ", ".join(f"{k}: {v}" for k, v in placement.items())
             print(f"  {name:<10} {written:<34} {1e3 * guess:8.0f} ms {1e3 * measured:7.0f} ms "
-                  f"{measured / guess:18.2f}x")
+                  f"{measured / guess:18.2f}x {1e3 * own:9.0f} ms {measured / own:12.2f}x")
         print("\nwhere a trainer step went (the traces; ms a step, median rank, steps after the first)")
         print(f"  {'run':<10} " + " ".join(f"{kind:>15}" for kind in PARTS))
         for name in plans:
