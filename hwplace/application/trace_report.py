@@ -313,8 +313,8 @@ def _outermost(waits: list[tuple[float, float, str, str, Mapping[str, Any]]], ch
 
 
 def print_report(trace: Mapping[str, Any], out: TextIO, top: int = 10, node_type: str | None = None) -> TraceSummary:
-    """Print each device's idle share per stage and the ``top`` longest waits; returns the numbers. Resources of
-    ``node_type`` (the node-kind backend's) are no devices."""
+    """Print each device's idle share per stage, the ``top`` top waits and longest waits; returns the numbers.
+    Resources of ``node_type`` (the node-kind backend's) are no devices."""
     summary = TraceSummary(trace, node_type)
     workers = {(t["group"], t["rank"]) for t in summary.tracks.values()}
     nodes = {t["node"] for t in summary.tracks.values()}
