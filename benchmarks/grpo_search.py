@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from hwplace.application.trace_report import length, on_another, subtract, union
+from hwplace.application.trace_report import length, on_another, recorded_by_hwplace, subtract, union
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "rl-grpo"
@@ -95,8 +95,9 @@ PARTS = ("work", "collectives", "waits on others", "offload+onload", "weight syn
 
 def decompose(trace: dict[str, Any]) -> dict[str, float]:
     """A trainer step as the trace has it, in seconds per step (the median rank; its steps after the first): the
-    work, the collectives' waits (job spans), the waits on other components (batch, turn), offload and onload,
-    weight sync, and the driver's time between two steps. They add up to the step's period on that rank."""
+    work (with the channel operations that wait for no other component: ``ack``), the collectives' waits (job
+    spans), the waits on other components (batch, turn), offload and onload, weight sync, and the driver's time
+    between two steps. They add up to the step's period on that rank."""
     tracks = trace["otherData"]["hwplace"]["tracks"]
     ranks: dict[int, list[dict[str, Any]]] = {}
     for e in trace["traceEvents"]:
@@ -110,7 +111,7 @@ def decompose(trace: dict[str, Any]) -> dict[str, float]:
         for call in steps:
             low, high = call["ts"], call["ts"] + call["dur"]
             inside = [e for e in spans if low <= e["ts"] and e["ts"] + e["dur"] <= high and e is not call]
-            kinds = {"collectives": [e for e in inside if e["cat"] == "wait" and not on_another(e)],
+            kinds = {"collectives": [e for e in inside if e["cat"] == "wait" and not recorded_by_hwplace(e)],
                      "waits on others": [e for e in inside if e["cat"] == "wait" and on_another(e)],
                      "offload+onload": [e for e in inside if e["cat"] == "memory"],
                      "weight sync": [e for e in inside if e["cat"] == "sync"]}

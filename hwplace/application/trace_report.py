@@ -80,14 +80,25 @@ def length(intervals: Intervals) -> float:
 
 RUNTIME_WAITS = ("turn.wait", "weights.latest")  # hwplace's own waits on another component, with channel ones
 CHANNEL_NOTES = ("channel", "on")  # the notes hwplace gives the spans of its channel operations
+BLOCKING = ("get", "get_batch", "put")  # the channel operations that wait for an item or for room
+
+
+def recorded_by_hwplace(event: Mapping[str, Any]) -> bool:
+    """Whether a ``wait`` span is one hwplace records (a channel operation: its notes name the channel; a turn; a
+    weight version), not one a job marks with ``hwplace.span`` (a collective: a wait on the component's own
+    ranks)."""
+    args = event.get("args") or {}
+    return event["name"] in RUNTIME_WAITS or any(note in args for note in CHANNEL_NOTES)
 
 
 def on_another(event: Mapping[str, Any]) -> bool:
-    """Whether a ``wait`` span is one hwplace records, on another component: a channel (its notes name it), a
-    turn on a shared accelerator, a weight version. The waits a job marks with ``hwplace.span`` (a collective)
-    are on the component's own ranks."""
+    """Whether a ``wait`` span waits on another component: a channel operation that waits for an item or for room,
+    a turn on a shared accelerator, a weight version. The other channel operations (``ack``, ``put_nowait``,
+    ``qsize``, ...) wait only for the channel's host to answer: the caller's own time, as a collective's is."""
     args = event.get("args") or {}
-    return event["name"] in RUNTIME_WAITS or any(note in args for note in CHANNEL_NOTES)
+    if any(note in args for note in CHANNEL_NOTES):
+        return event["name"] in BLOCKING
+    return event["name"] in RUNTIME_WAITS
 
 
 def constructors(events: Iterable[Mapping[str, Any]]) -> dict[str, Intervals]:
@@ -217,14 +228,14 @@ class TraceSummary:
         peers: dict[tuple[str, str], list[int]] = defaultdict(list)  # a collective's waits by group and name
         for index in chosen:
             _, _, key, name, args = self.waits[index]
-            if not on_another({"name": name, "args": args}):
+            if not recorded_by_hwplace({"name": name, "args": args}):
                 peers[self.tracks[key]["group"], name].append(index)
         found: dict[tuple[str, int], list[Any]] = {}
         for index in chosen:
             duration, start, key, name, args = self.waits[index]
             kind = self._kind(key, name, args)
             excess, last = max(0.0, duration - usual[kind]), index
-            if not on_another({"name": name, "args": args}):
+            if not recorded_by_hwplace({"name": name, "args": args}):
                 last = self._last(index, peers[self.tracks[key]["group"], name])
             entry = found.setdefault(("c", last) if last != index else ("w", index),
                                      [0.0, start, name, [], 0.0, usual[kind], None, args])

@@ -89,15 +89,17 @@ def test_memory_measured_wins_over_declared_which_fills_in(tmp_path: Path) -> No
 
 def test_a_collective_wait_counts_and_the_driver_time_between_steps_is_kept(tmp_path: Path) -> None:
     # each rank: a 100 ms step every 150 ms (50 ms between calls, the driver's); in it a 10 ms get_batch (a wait on
-    # the rollout: not the trainer's time), then work, then an all_reduce (hwplace.span: a wait on its peers, which
-    # counts: the rank holds its accelerator). Rank 1 works 70 ms and waits 20 in the all_reduce; rank 0 works 50 and
-    # waits 40 for rank 1 there: both ranks take 90 ms a step, the slowest rank's 70 ms and the collective's 20.
+    # the rollout: not the trainer's time), then work (5 ms of it acknowledging the batch: an answer from the
+    # channel's host, no other component's, so it counts), then an all_reduce (hwplace.span: a wait on its peers,
+    # which counts: the rank holds its accelerator). Rank 1 works 70 ms and waits 20 in the all_reduce; rank 0
+    # works 50 and waits 40 for rank 1 there: both take 90 ms a step, the slowest rank's 70 and the collective's 20.
     for rank, work in ((0, 50.0), (1, 70.0)):
         spans: list[tuple] = []  # type: ignore[type-arg]
         for step in range(4):
             start = 150.0 * step
             spans += [("step", "call", start, start + 100),
                       ("get_batch", "wait", start, start + 10, {"on": "experience"}),
+                      ("ack", "wait", start + 10, start + 15, {"channel": "grpo", "queue": "default"}),
                       ("all_reduce", "wait", start + 10 + work, start + 100, {"op": "sum"})]
             if step:
                 spans.append(("between calls", "idle", start - 50, start))
