@@ -124,7 +124,7 @@ class Hold:
     """What held the run up once: a wait longer than the usual (median) wait of its kind (its worker's group, name,
     channel and queue), by ``excess`` µs; for a collective (a wait on the component's own ranks) one entry per
     collective, its ranks' excesses summed and charged to ``culprit``, the rank that came to it last (the one the
-    others waited for). ``waiters`` are track keys, ``culprit`` one or ``None`` (a wait on another component)."""
+    others waited for), less what the culprit's own waits on other components explain (listed themselves). ``waiters`` are track keys, ``culprit`` one or ``None`` (a wait on another component)."""
 
     excess: float
     start: float
@@ -231,14 +231,17 @@ class TraceSummary:
             if not recorded_by_hwplace({"name": name, "args": args}):
                 peers[self.tracks[key]["group"], name].append(index)
         found: dict[tuple[str, int], list[Any]] = {}
+        excesses = {i: max(0.0, self.waits[i][0] - usual[self._kind(*self.waits[i][2:])]) for i in chosen}
         for index in chosen:
             duration, start, key, name, args = self.waits[index]
             kind = self._kind(key, name, args)
-            excess, last = max(0.0, duration - usual[kind]), index
+            excess, last = excesses[index], index
             if not recorded_by_hwplace({"name": name, "args": args}):
                 last = self._last(index, peers[self.tracks[key]["group"], name])
             entry = found.setdefault(("c", last) if last != index else ("w", index),
                                      [0.0, start, name, [], 0.0, usual[kind], None, args])
+            if last != index:  # the late rank's own waits on others, beyond the waiter's, explain its lateness
+                excess = max(0.0, excess - max(0.0, self._explained(last, excesses) - self._explained(index, excesses)))
             entry[0] += excess
             entry[3].append(key)
             entry[4] = max(entry[4], duration)
@@ -246,6 +249,15 @@ class TraceSummary:
                 entry[1], entry[6] = min(entry[1], start), self.waits[last][2]
         holds = [Hold(e[0], e[1], e[2], tuple(e[3]), e[4], e[5], e[6], e[7]) for e in found.values()]
         return sorted(holds, key=lambda hold: (-hold.excess, hold.start))
+
+    def _explained(self, last: int, excesses: Mapping[int, float]) -> float:
+        """The excess of the waits on other components (hwplace's) of a rank in its group call before it came to
+        collective wait ``last``: the lateness they explain is theirs (listed themselves), not the rank's own."""
+        _, arrived, key, _, _ = self.waits[last]
+        call = next(((low, high) for low, high, _ in self.called[key] if low <= arrived <= high), (arrived, arrived))
+        return sum(excess for index, excess in excesses.items() if self.waits[index][2] == key
+                   and call[0] <= self.waits[index][1] and self.waits[index][1] + self.waits[index][0] <= arrived
+                   and recorded_by_hwplace({"name": self.waits[index][3], "args": self.waits[index][4]}))
 
     def _last(self, index: int, collective: list[int]) -> int:
         """Of the waits of other ranks in the same collective as wait ``index`` (one a rank: the one overlapping it

@@ -68,6 +68,20 @@ def test_a_stall_before_a_collective_is_the_top_wait_charged_to_the_rank_that_st
         in first, first
 
 
+def test_a_rank_late_to_a_collective_for_want_of_its_input_is_charged_nothing_more(tmp_path: Path) -> None:
+    """Rank 0 waits 400 ms longer for its batch in step 4, so rank 1 waits 400 ms longer in the all_reduce: one
+    bubble, listed once, as rank 0's wait for its batch (the rollout was late), not also as rank 0 holding up rank
+    1. The stall of step 3 is still charged to rank 1."""
+    summary = TraceSummary(collective_stall(tmp_path, stall=200.0, starve=400.0))
+    first, second, *rest = summary.holds()
+    assert (first.name, first.culprit, [summary.worker(k) for k in first.waiters]) == \
+        ("get_batch", None, ["trainer rank 0"])
+    assert first.excess == pytest.approx(400_000 + 300_000 + 10_000 * (4 % 3) - first.usual)
+    assert (second.name, summary.worker(second.culprit or "")) == ("all_reduce", "trainer rank 1")
+    assert second.excess == pytest.approx(200_000)
+    assert all(hold.excess <= 20_000 for hold in rest)
+
+
 def test_a_wait_on_a_channel_is_charged_to_its_waiter(tmp_path: Path) -> None:
     summary = TraceSummary(stalled_job(tmp_path, stalled_rank=1))
     top = summary.holds()[0]
