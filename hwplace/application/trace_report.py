@@ -124,7 +124,8 @@ class Hold:
     """What held the run up once: a wait longer than the usual (median) wait of its kind (its worker's group, name,
     channel and queue), by ``excess`` µs; for a collective (a wait on the component's own ranks) one entry per
     collective, its ranks' excesses summed and charged to ``culprit``, the rank that came to it last (the one the
-    others waited for), less what the culprit's own waits on other components explain (listed themselves). ``waiters`` are track keys, ``culprit`` one or ``None`` (a wait on another component)."""
+    others waited for), less what the culprit's own waits on other components explain (listed themselves).
+    ``waiters`` are track keys, ``culprit`` one or ``None`` (a wait on another component)."""
 
     excess: float
     start: float
