@@ -69,12 +69,14 @@ def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResourc
         point: dict[str, Any] = {"processes": len(ranks), "devices_per_process": devices.get(group, 1)}
         if placements and group in placements:
             point["placement"] = str(placements[group])
-        stages, between = _stages([events[group, rank] for rank in ranks], steps, run)
+        stages, between, spread = _stages([events[group, rank] for rank in ranks], steps, run)
         if not stages:
             continue  # no group call it makes every step: nothing the search could use
         point["stages"] = {name: {"seconds": seconds} for name, seconds in stages.items()}
         if between:
             point["between"] = {"seconds": between}
+        if spread:
+            point["spread"] = {"seconds": spread}
         for hook in ("offload", "onload"):
             spans = [e["dur"] / 1e6 for rank in ranks for e in events[group, rank] if e["name"] == hook]
             if spans:
@@ -98,10 +100,12 @@ def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResourc
 
 
 def _stages(workers: Sequence[Sequence[Mapping[str, Any]]], steps: int,
-            run: float) -> tuple[dict[str, float], float]:
-    """Per stage, the seconds per step on the slowest of ``workers`` (each one rank's spans); and the driver's
-    seconds per step between two calls of the stages made every step (the median rank)."""
+            run: float) -> tuple[dict[str, float], float, float]:
+    """Per stage, the seconds per step on the slowest of ``workers`` (each one rank's spans); the driver's
+    seconds per step between two calls of the stages made every step (the median rank); and the standard
+    deviation of a step's cycle (a call and the time before the next) on the slowest rank."""
     per_rank: dict[str, list[float]] = defaultdict(list)
+    deviations: dict[str, list[float]] = defaultdict(list)
     gaps: dict[str, list[float]] = defaultdict(list)
     counts: dict[str, int] = defaultdict(int)
     covered: dict[str, Intervals] = defaultdict(list)
@@ -112,25 +116,32 @@ def _stages(workers: Sequence[Sequence[Mapping[str, Any]]], steps: int,
         work: dict[str, float] = defaultdict(float)
         called: dict[str, int] = defaultdict(int)
         waited: dict[str, float] = defaultdict(float)
+        cycles: dict[str, list[float]] = defaultdict(list)  # per call but the last: its work and the time to the next
         for e in sorted((e for e in spans if e.get("cat") == CALL), key=lambda e: e["ts"]):
             interval = (e["ts"], e["ts"] + e["dur"])
-            work[e["name"]] += length(subtract([interval], away))
+            done = length(subtract([interval], away))
+            work[e["name"]] += done
             if called[e["name"]]:  # the driver's time since this rank's last call, when it made one before
-                waited[e["name"]] += _before(idle, e["ts"])
+                gap = _before(idle, e["ts"])
+                waited[e["name"]] += gap
+                cycles[e["name"]][-1] += gap
+            cycles[e["name"]].append(done)
             called[e["name"]] += 1
             covered[e["name"]].append(interval)
         for name, total in work.items():
             per_rank[name].append(total)
             gaps[name].append(waited[name] / max(1, called[name] - 1))
+            deviations[name].append(statistics.stdev(cycles[name][:-1]) if len(cycles[name]) > 2 else 0.0)
             counts[name] = max(counts[name], called[name])
-    stages, between = {}, 0.0
+    stages, between, variance = {}, 0.0, 0.0
     for name, totals in sorted(per_rank.items()):
         if counts[name] >= steps:
             stages[name] = max(totals) / steps / 1e6
             between += statistics.median(gaps[name]) / 1e6
+            variance += (deviations[name][totals.index(max(totals))] / 1e6) ** 2
         elif run > 0 and length(union(covered[name])) >= LONG_RUNNING * run:
             stages[name] = max(totals) / steps / 1e6
-    return stages, between
+    return stages, between, variance ** 0.5
 
 
 def _before(idle: Mapping[float, float], start: float) -> float:

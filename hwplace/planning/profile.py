@@ -50,7 +50,8 @@ DEFAULT_BANDWIDTH: Mapping[str, int] = FrozenDict({SAME_DEVICE: 200 * 1000**3, S
 """Bytes per second a weight sync moves by each transport, unless a profile's ``bandwidth`` says otherwise."""
 _KEYS = ("version", "components", "weight_sync", "bandwidth")
 _COMPONENT_KEYS = ("points", "scaling")
-_POINT_KEYS = ("processes", "devices_per_process", "placement", "stages", "offload", "onload", "between", "memory")
+_POINT_KEYS = ("processes", "devices_per_process", "placement", "stages", "offload", "onload", "between", "spread",
+               "memory")
 
 
 class NotMeasured(PlacementError):
@@ -77,7 +78,8 @@ class Point:
     seconds per step of each stage; seconds of one offload and one onload (``None``: not measured); memory per
     phase of one process on each accelerator (empty: not measured). ``measured`` is false for a point the
     scaling rule predicted between two measured ones. ``between`` is the driver's seconds per step between two
-    of the component's calls (0 for a component the driver does not call every step)."""
+    of the component's calls (0 for a component the driver does not call every step); ``spread`` the standard
+    deviation of its cycle from one step to the next (0: not measured)."""
 
     processes: int
     devices_per_process: int = 1
@@ -88,6 +90,7 @@ class Point:
     placement: str | None = None
     measured: bool = True
     between: float = 0.0
+    spread: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", FrozenDict(self.stages))
@@ -188,7 +191,8 @@ def _between(component: str, low: Point, high: Point, processes: int) -> Point:
     stages = {name: mix(seconds, high.stages[name]) or 0.0 for name, seconds in low.stages.items()}
     memory = {phase: max(low.memory[phase], high.memory[phase]) for phase in low.memory if phase in high.memory}
     return Point(processes, low.devices_per_process, stages, mix(low.offload, high.offload),
-                 mix(low.onload, high.onload), memory, measured=False, between=mix(low.between, high.between) or 0.0)
+                 mix(low.onload, high.onload), memory, measured=False, between=mix(low.between, high.between) or 0.0,
+                 spread=mix(low.spread, high.spread) or 0.0)
 
 
 @dataclass(frozen=True)
@@ -240,8 +244,9 @@ def _point_json(point: Point) -> dict[str, Any]:
     for key in ("offload", "onload"):
         if getattr(point, key) is not None:
             data[key] = {"seconds": getattr(point, key)}
-    if point.between:
-        data["between"] = {"seconds": point.between}
+    for key in ("between", "spread"):
+        if getattr(point, key):
+            data[key] = {"seconds": getattr(point, key)}
     if point.memory:
         data["memory"] = dict(point.memory)
     return data
@@ -352,10 +357,10 @@ def _point(value: Any, path: str) -> Point:
     if not stages:
         raise ConfigError(f"{path}.stages", "is empty", allowed="STAGE: {seconds: S} entries")
     offload, onload = (_seconds(entry[k], f"{path}.{k}") if k in entry else None for k in ("offload", "onload"))
-    between = _seconds(entry["between"], f"{path}.between") if "between" in entry else 0.0
+    between, spread = (_seconds(entry[k], f"{path}.{k}") if k in entry else 0.0 for k in ("between", "spread"))
     memory = parse_memory(entry["memory"], f"{path}.memory") if "memory" in entry else {}
     point = Point(processes, per, stages, offload, onload, memory, None if placement is None else str(placement),
-                  between=between)
+                  between=between, spread=spread)
     if memory and point.resources("x") is None:
         raise ConfigError(f"{path}.memory", "declares no working phase", allowed="a phase other than offloaded "
                           "and idle, such as train: 50GiB")

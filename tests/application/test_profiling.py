@@ -5,6 +5,7 @@ the span arguments) or else declared, and each weight sync's bytes."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,19 @@ def test_a_collective_wait_counts_and_the_driver_time_between_steps_is_kept(tmp_
     (point,) = build_profile(merge(tmp_path))["components"]["trainer"]["points"]
     assert point["stages"] == {"step": {"seconds": pytest.approx(0.09)}}
     assert point["between"] == {"seconds": pytest.approx(0.05)}
+
+
+def test_the_spread_of_a_step_is_measured_on_the_slowest_rank(tmp_path: Path) -> None:
+    # one rank: steps of 50 and 70 ms of work in turn, 50 ms between calls: cycles of 100, 120, 100 ms (the last
+    # step has no time after it)
+    spans: list[tuple] = []  # type: ignore[type-arg]
+    start = 0.0
+    for step, work in enumerate((50.0, 70.0, 50.0, 70.0)):
+        spans.append(("step", "call", start, start + work))
+        if step:
+            spans.append(("between calls", "idle", start - 50, start))
+        start += work + 50
+    write_worker(tmp_path, "trainer", 0, spans, devices=["fake-accelerator 0"])
+    (point,) = build_profile(merge(tmp_path))["components"]["trainer"]["points"]
+    assert point["stages"] == {"step": {"seconds": pytest.approx(0.06)}}
+    assert point["spread"] == {"seconds": pytest.approx(statistics.stdev([0.1, 0.12, 0.1]))}

@@ -21,7 +21,7 @@ def profile_data(**extra: Any) -> dict[str, Any]:
              "offload": {"seconds": 0.25}, "onload": {"seconds": 0.5}, "between": {"seconds": 0.1},
              "memory": {"train": "50GiB", "offloaded": 2**30}},
             {"processes": 1, "stages": {"train": {"seconds": 8.0}, "publish": {"seconds": 0.5}},
-             "between": {"seconds": 0.3}, "memory": {"train": "40GiB"}}]},
+             "between": {"seconds": 0.3}, "spread": {"seconds": 0.5}, "memory": {"train": "40GiB"}}]},
         "rollout": {"points": [{"processes": 2, "devices_per_process": 2, "stages": {"generate": {"seconds": 3}}}]}},
         "weight_sync": {"policy": {"bytes": "1GB"}}, **extra}
 
