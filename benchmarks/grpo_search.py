@@ -16,7 +16,11 @@ Every run has ``--trace`` too (``--keep`` keeps them: ``hwplace report`` says wh
 
 A run's measured step is its training time (the driver's clock, from the first step's call to the last step's
 result) over its steps; the predicted step of each run's plan is ``hwplace plan --profile`` of that plan from both
-profiles. ``--png FILE`` draws one step of the chosen run (``benchmarks/timeline_png.py``, needs Pillow).
+profiles, and from the run's own profile (the cost model alone, without the change of load from one run to the
+next: on a shared machine the same plan can measure twice as slow an hour later). Each run's trainer step is
+also split, from its trace, into what it spent: work, collectives, waits on other components, hand-overs, sync,
+and the driver's time between two steps. ``--png FILE`` draws one step of the chosen run
+(``benchmarks/timeline_png.py``, needs Pillow).
 
 Run: python benchmarks/grpo_search.py [--steps 40] [--tokens 1400] [--png docs/grpo-step.png] [--keep FOLDER]
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from hwplace.application.trace_report import length, on_another, recorded_by_hwplace, subtract, union
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "rl-grpo"
@@ -83,6 +90,43 @@ def run(path: Path, placement: dict[str, Any], args: argparse.Namespace, folder:
             "step": summary["training_seconds"] / summary["steps"]}
 
 
+PARTS = ("work", "collectives", "waits on others", "offload+onload", "weight sync", "between steps")
+
+
+def decompose(trace: dict[str, Any]) -> dict[str, float]:
+    """A trainer step as the trace has it, in seconds per step (the median rank; its steps after the first): the
+    work (with the channel operations that wait for no other component: ``ack``), the collectives' waits (job
+    spans), the waits on other components (batch, turn), offload and onload, weight sync, and the driver's time
+    between two steps. They add up to the step's period on that rank."""
+    tracks = trace["otherData"]["hwplace"]["tracks"]
+    ranks: dict[int, list[dict[str, Any]]] = {}
+    for e in trace["traceEvents"]:
+        track = tracks.get(f"{e.get('pid')}:{e.get('tid')}")
+        if e.get("ph") == "X" and track and track["group"] == "trainer" and track.get("main", True):
+            ranks.setdefault(track["rank"], []).append(e)
+    parts: dict[str, list[float]] = {}
+    for spans in ranks.values():
+        steps = sorted((e for e in spans if e["cat"] == "call" and e["name"] == "step"), key=lambda e: e["ts"])[1:]
+        total: dict[str, float] = dict.fromkeys(PARTS, 0.0)
+        for call in steps:
+            low, high = call["ts"], call["ts"] + call["dur"]
+            inside = [e for e in spans if low <= e["ts"] and e["ts"] + e["dur"] <= high and e is not call]
+            kinds = {"collectives": [e for e in inside if e["cat"] == "wait" and not recorded_by_hwplace(e)],
+                     "waits on others": [e for e in inside if e["cat"] == "wait" and on_another(e)],
+                     "offload+onload": [e for e in inside if e["cat"] == "memory"],
+                     "weight sync": [e for e in inside if e["cat"] == "sync"]}
+            away: list[tuple[float, float]] = []
+            for kind, found in kinds.items():
+                covered = subtract(union((e["ts"], e["ts"] + e["dur"]) for e in found), union(away))
+                total[kind] += length(covered)
+                away += covered
+            total["work"] += length(subtract([(low, high)], union(away)))
+            total["between steps"] += sum(e["dur"] for e in spans if e["cat"] == "idle" and abs(e["ts"] - high) <= 1)
+        for kind, value in total.items():
+            parts.setdefault(kind, []).append(value / max(1, len(steps)) / 1e6)
+    return {kind: statistics.median(values) for kind, values in parts.items()}
+
+
 def predicted(path: Path, profiles: list[Path]) -> float:
     """``hwplace plan --profile``: the predicted step of the plan as ``path`` writes it."""
     argv = ["plan", str(path), "--nodes", NODES, "--json"]
@@ -128,16 +172,25 @@ def main() -> None:
         path = config(folder, "chosen", chosen)
         runs["chosen"] = run(path, chosen, args, folder)
         plans["chosen"] = chosen
-        print("\npredicted (hwplace plan --profile, from both profiles) against measured (training time / steps)")
-        print(f"  {'run':<10} {'placement':<34} {'predicted':>10} {'measured':>10} {'measured/predicted':>19}")
+        print("\npredicted (hwplace plan --profile, from both profiles; and from the run's own profile) against "
+              "measured (training time / steps)")
+        print(f"  {'run':<10} {'placement':<34} {'predicted':>10} {'measured':>10} {'measured/predicted':>19} "
+              f"{'own profile':>12} {'measured/own':>13}")
         worst = 0.0
         for name, placement in plans.items():
             guess = predicted(folder / f"{name}.yaml", profiles)
+            own = predicted(folder / f"{name}.yaml", [runs[name]["profile"]])
             measured = runs[name]["step"]
             worst = max(worst, abs(measured / guess - 1))
             written = ", ".join(f"{k}: {v}" for k, v in placement.items())
             print(f"  {name:<10} {written:<34} {1e3 * guess:8.0f} ms {1e3 * measured:7.0f} ms "
-                  f"{measured / guess:18.2f}x")
+                  f"{measured / guess:18.2f}x {1e3 * own:9.0f} ms {measured / own:12.2f}x")
+        print("\nwhere a trainer step went (the traces; ms a step, median rank, steps after the first)")
+        print(f"  {'run':<10} " + " ".join(f"{kind:>15}" for kind in PARTS))
+        for name in plans:
+            found = decompose(json.loads((folder / f"{name}.trace.json").read_text()))
+            print(f"  {name:<10} " + " ".join(f"{1e3 * value:15.1f}" for value in found.values())
+                  + f"  = {1e3 * sum(found.values()):.0f}")
         fastest = min(("colocated", "apart"), key=lambda name: runs[name]["step"])
         print(f"\nchosen: {', '.join(f'{k}: {v}' for k, v in chosen.items())}; the faster profiled run was {fastest}; "
               f"largest gap between predicted and measured {100 * worst:.1f}% (goal {100 * GOAL:.0f}%)")

@@ -54,3 +54,25 @@ def stalled_job(folder: Path, stalled_rank: int = 1, steps: int = 6) -> dict[str
                      for step in range(steps)]
         write_worker(folder, "rollout", rank, generate, devices=[f"fake-accelerator {rank}"])
     return merge(folder)
+
+
+def collective_stall(folder: Path, steps: int = 6, stall: float = 200.0, starve: float = 0.0) -> dict[str, Any]:
+    """Two trainer ranks whose steps wait 300 ms for their batch every step (a recurring bubble, longer than the
+    stall) and then meet in an all_reduce (``hwplace.span``: a wait on the peers, 5 ms when both are on time); in
+    step 3 rank 1 stalls ``stall`` ms in its work before the all_reduce, so rank 0 waits 5 + ``stall`` ms in it; in
+    step 4 rank 0 waits ``starve`` ms more for its batch than rank 1 (starving), so rank 1 waits that long more in
+    the all_reduce."""
+    for rank in range(2):
+        spans: list[Span] = []
+        for step in range(steps):
+            start = step * 1000.0
+            batch = 300.0 + 10 * (step % 3)  # 300 to 320 ms
+            late = stall if step == 3 else starve if step == 4 else 0.0
+            meet = start + batch + 100 + late  # when the later rank comes to the all_reduce
+            batch += starve if rank == 0 and step == 4 else 0.0
+            work_end = start + batch + 100 + (stall if rank == 1 and step == 3 else 0.0)
+            spans += [("step", "call", start, meet + 5),
+                      ("get_batch", "wait", start, start + batch, {"channel": "grpo", "queue": "experience"}),
+                      ("all_reduce", "wait", work_end, meet + 5, {"op": "sum"})]
+        write_worker(folder, "trainer", rank, spans, devices=[f"fake-accelerator {rank}"])
+    return merge(folder)

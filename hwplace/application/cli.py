@@ -281,9 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="how many of the newest snapshots to keep (default 2)")
     run.set_defaults(run=_run)
     report = commands.add_parser("report", help="sum up a trace of hwplace run --trace: each device's idle share "
-                                 "per stage and the longest waits")
+                                 "per stage, the top waits (beyond the usual of their kind) and the longest waits")
     report.add_argument("trace", metavar="FILE", help="a trace written by hwplace run --trace FILE")
-    report.add_argument("--top", type=int, default=10, help="how many of the longest waits to list (default: 10)")
+    report.add_argument("--top", type=int, default=10,
+                        help="how many of the top and of the longest waits to list (default: 10)")
     report.set_defaults(run=_report)
     hardware = commands.add_parser("hardware", help="list the registered backends and what they detect here")
     hardware.add_argument("--config", help="also detect the devices this config declares for this node")

@@ -86,9 +86,15 @@ def print_prediction(prediction: Prediction, out: TextIO, *, profile: str = "the
               f"{seconds_text(prediction.step_seconds)}\n")
     rows = [["cell", "seconds", "made of"]]
     for cell in prediction.cells:
+        varies = f" (varies by {seconds_text(cell.spread)} a step)" if cell.spread else ""
         rows.append([",".join(cell.components), seconds_text(cell.seconds),
-                     " + ".join(f"{what} {seconds_text(s)}" for what, s in cell.parts)])
+                     " + ".join(f"{what} {seconds_text(s)}" for what, s in cell.parts) + varies])
     table(rows, out)
+    longest = max((cell.seconds for cell in prediction.cells), default=0.0)
+    if prediction.step_seconds > longest * (1 + 1e-9):
+        out.write(f"  the step is the expected longest cell of a step, as their times vary: "
+                  f"{seconds_text(prediction.step_seconds)}, {seconds_text(prediction.step_seconds - longest)} more "
+                  "than the longest cell's mean\n")
     if prediction.unprofiled:
         out.write(f"  not in the profile, not predicted: {', '.join(prediction.unprofiled)}\n")
     out.write("\n")
@@ -96,7 +102,7 @@ def print_prediction(prediction: Prediction, out: TextIO, *, profile: str = "the
 
 def prediction_json(prediction: Prediction) -> dict[str, Any]:
     return {"step_seconds": prediction.step_seconds,
-            "cells": [{"components": list(c.components), "seconds": c.seconds, "parts": [list(p) for p in c.parts]}
-                      for c in prediction.cells],
+            "cells": [{"components": list(c.components), "seconds": c.seconds, "spread": c.spread,
+                       "parts": [list(p) for p in c.parts]} for c in prediction.cells],
             "weight_sync": {s.name: {"transport": s.transport, "seconds": s.seconds} for s in prediction.syncs},
             "peak": prediction.peak, "unprofiled": list(prediction.unprofiled)}

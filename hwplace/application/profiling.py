@@ -11,9 +11,13 @@ form the placement search reads (version 1; ``docs/resources.md`` states it)::
 One run is one point per component: its process count and accelerators per process, the placement it ran
 with. A run has as many *steps* as the most often called group method was called on one rank (the trainer's
 ``step``); a component's *stages* are its group calls made every step, or running through most of the run (a
-producer's loop), each with its seconds of work per step: the time in the calls less what they waited (channels,
-turns, weight versions), offloaded and onloaded, and spent on weight sync, summed over the run on each rank and
-divided by the steps (the median rank). ``offload`` and ``onload`` are the median of one. Memory is measured
+producer's loop), each with its seconds per step: the time in the calls less what they waited on other
+components (the waits hwplace records: channels, turns, weight versions), offloaded and onloaded, and spent on
+weight sync, summed over the run on each rank and divided by the steps, on the slowest rank. What a rank waits
+in a collective (the waits a job marks with ``hwplace.span``) counts: it still holds its accelerators, and a
+collective step ends when its slowest rank is done. ``between`` is the driver's time per step between two
+calls of a stage made every step (the mean of the ``between calls`` spans before them, the first call's left
+out; the median rank). ``offload`` and ``onload`` are the median of one. Memory is measured
 where the device reports it (CUDA: torch's peak allocation in each group call, its phase named after the method,
 and what a worker holds after ``offload()``, as ``offloaded``); elsewhere it is what ``resources:`` declares. A
 weight sync's bytes are the largest state dict it published. Imports the layers below and
@@ -27,13 +31,13 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hwplace.application.trace_report import Intervals, constructors, launching, length, subtract, union
+from hwplace.application.trace_report import Intervals, constructors, launching, length, on_another, subtract, union
 from hwplace.config.resources import OFFLOADED, RESERVED_PHASES, ComponentResources
 from hwplace.foundation.trace import CALL, IDLE, MEMORY, SYNC, WAIT
 
 VERSION = 1
 LONG_RUNNING = 0.5  # a method called fewer times than the steps is a stage when its calls cover this much of the run
-NOT_WORK = (WAIT, MEMORY, SYNC)  # what a group call's time less is its work
+NOT_WORK = (MEMORY, SYNC)  # with the waits on other components, what a group call's time less is its work
 
 
 def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResources] = (),
@@ -65,10 +69,14 @@ def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResourc
         point: dict[str, Any] = {"processes": len(ranks), "devices_per_process": devices.get(group, 1)}
         if placements and group in placements:
             point["placement"] = str(placements[group])
-        stages = _stages([events[group, rank] for rank in ranks], steps, run)
+        stages, between, spread = _stages([events[group, rank] for rank in ranks], steps, run)
         if not stages:
             continue  # no group call it makes every step: nothing the search could use
         point["stages"] = {name: {"seconds": seconds} for name, seconds in stages.items()}
+        if between:
+            point["between"] = {"seconds": between}
+        if spread:
+            point["spread"] = {"seconds": spread}
         for hook in ("offload", "onload"):
             spans = [e["dur"] / 1e6 for rank in ranks for e in events[group, rank] if e["name"] == hook]
             if spans:
@@ -91,29 +99,57 @@ def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResourc
     return profile
 
 
-def _stages(workers: Sequence[Sequence[Mapping[str, Any]]], steps: int, run: float) -> dict[str, float]:
-    """Per stage, the seconds of work per step: the median over ``workers`` (each one rank's spans)."""
+def _stages(workers: Sequence[Sequence[Mapping[str, Any]]], steps: int,
+            run: float) -> tuple[dict[str, float], float, float]:
+    """Per stage, the seconds per step on the slowest of ``workers`` (each one rank's spans); the driver's
+    seconds per step between two calls of the stages made every step (the median rank); and the standard
+    deviation of a step's cycle (a call and the time before the next) on the slowest rank."""
     per_rank: dict[str, list[float]] = defaultdict(list)
+    deviations: dict[str, list[float]] = defaultdict(list)
+    gaps: dict[str, list[float]] = defaultdict(list)
     counts: dict[str, int] = defaultdict(int)
     covered: dict[str, Intervals] = defaultdict(list)
     for spans in workers:
-        away = union((e["ts"], e["ts"] + e["dur"]) for e in spans if e.get("cat") in NOT_WORK)
+        away = union((e["ts"], e["ts"] + e["dur"]) for e in spans
+                     if e.get("cat") in NOT_WORK or (e.get("cat") == WAIT and on_another(e)))
+        idle = {e["ts"] + e["dur"]: e["dur"] for e in spans if e.get("cat") == IDLE}  # by where each ends
         work: dict[str, float] = defaultdict(float)
         called: dict[str, int] = defaultdict(int)
-        for e in spans:
-            if e.get("cat") == CALL:
-                interval = (e["ts"], e["ts"] + e["dur"])
-                work[e["name"]] += length(subtract([interval], away))
-                called[e["name"]] += 1
-                covered[e["name"]].append(interval)
+        waited: dict[str, float] = defaultdict(float)
+        cycles: dict[str, list[float]] = defaultdict(list)  # per call but the last: its work and the time to the next
+        for e in sorted((e for e in spans if e.get("cat") == CALL), key=lambda e: e["ts"]):
+            interval = (e["ts"], e["ts"] + e["dur"])
+            done = length(subtract([interval], away))
+            work[e["name"]] += done
+            if called[e["name"]]:  # the driver's time since this rank's last call, when it made one before
+                gap = _before(idle, e["ts"])
+                waited[e["name"]] += gap
+                cycles[e["name"]][-1] += gap
+            cycles[e["name"]].append(done)
+            called[e["name"]] += 1
+            covered[e["name"]].append(interval)
         for name, total in work.items():
             per_rank[name].append(total)
+            gaps[name].append(waited[name] / max(1, called[name] - 1))
+            deviations[name].append(statistics.stdev(cycles[name][:-1]) if len(cycles[name]) > 2 else 0.0)
             counts[name] = max(counts[name], called[name])
-    stages = {}
+    stages, between, variance = {}, 0.0, 0.0
     for name, totals in sorted(per_rank.items()):
-        if counts[name] >= steps or (run > 0 and length(union(covered[name])) >= LONG_RUNNING * run):
-            stages[name] = statistics.median(totals) / steps / 1e6
-    return stages
+        if counts[name] >= steps:
+            stages[name] = max(totals) / steps / 1e6
+            between += statistics.median(gaps[name]) / 1e6
+            variance += (deviations[name][totals.index(max(totals))] / 1e6) ** 2
+        elif run > 0 and length(union(covered[name])) >= LONG_RUNNING * run:
+            stages[name] = max(totals) / steps / 1e6
+    return stages, between, variance ** 0.5
+
+
+def _before(idle: Mapping[float, float], start: float) -> float:
+    """The length of the ``between calls`` span that ends where a call starts (within a microsecond)."""
+    found = idle.get(start)
+    if found is None:
+        found = next((d for end, d in idle.items() if abs(end - start) <= 1.0), 0.0)
+    return found
 
 
 def _measured(spans: Sequence[Mapping[str, Any]], stages: Mapping[str, float]) -> dict[str, int]:

@@ -1,7 +1,8 @@
 """``hwplace report FILE``: what a trace of ``hwplace run --trace`` says (SPEC §13).
 
 Each device's idle share per stage, each worker's time in and between calls, the waits by worker and kind (where the
-time goes: a bubble that recurs), and the longest waits (where a rank stalled).
+time goes: a bubble that recurs), the top waits (what held the run up: each wait's time beyond the usual wait of its
+kind, a collective's charged to the rank its peers waited for) and the longest waits.
 
 A worker computes while it is inside a group call (a ``call`` span) and not waiting in it (a ``wait`` span: a
 channel, a turn, a weight version); a device is busy while any worker holding it computes. A stage is a group call
@@ -14,8 +15,10 @@ Imports the layers below.
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from hwplace.foundation.trace import CALL, IDLE, WAIT
@@ -75,6 +78,29 @@ def length(intervals: Intervals) -> float:
     return sum(end - start for start, end in intervals)
 
 
+RUNTIME_WAITS = ("turn.wait", "weights.latest")  # hwplace's own waits on another component, with channel ones
+CHANNEL_NOTES = ("channel", "on")  # the notes hwplace gives the spans of its channel operations
+BLOCKING = ("get", "get_batch", "put")  # the channel operations that wait for an item or for room
+
+
+def recorded_by_hwplace(event: Mapping[str, Any]) -> bool:
+    """Whether a ``wait`` span is one hwplace records (a channel operation: its notes name the channel; a turn; a
+    weight version), not one a job marks with ``hwplace.span`` (a collective: a wait on the component's own
+    ranks)."""
+    args = event.get("args") or {}
+    return event["name"] in RUNTIME_WAITS or any(note in args for note in CHANNEL_NOTES)
+
+
+def on_another(event: Mapping[str, Any]) -> bool:
+    """Whether a ``wait`` span waits on another component: a channel operation that waits for an item or for room,
+    a turn on a shared accelerator, a weight version. The other channel operations (``ack``, ``put_nowait``,
+    ``qsize``, ...) wait only for the channel's host to answer: the caller's own time, as a collective's is."""
+    args = event.get("args") or {}
+    if any(note in args for note in CHANNEL_NOTES):
+        return event["name"] in BLOCKING
+    return event["name"] in RUNTIME_WAITS
+
+
 def constructors(events: Iterable[Mapping[str, Any]]) -> dict[str, Intervals]:
     """Per track (``pid:tid``), the spans of its constructors (``__init__``)."""
     found: dict[str, Intervals] = defaultdict(list)
@@ -93,6 +119,24 @@ def launching(event: Mapping[str, Any], launches: Mapping[str, Intervals]) -> bo
     return any(low <= start and end <= high for low, high in launches.get(f"{event.get('pid')}:{event.get('tid')}", ()))
 
 
+@dataclass(frozen=True)
+class Hold:
+    """What held the run up once: a wait longer than the usual (median) wait of its kind (its worker's group, name,
+    channel and queue), by ``excess`` µs; for a collective (a wait on the component's own ranks) one entry per
+    collective, its ranks' excesses summed and charged to ``culprit``, the rank that came to it last (the one the
+    others waited for), less what the culprit's own waits on other components explain (listed themselves).
+    ``waiters`` are track keys, ``culprit`` one or ``None`` (a wait on another component)."""
+
+    excess: float
+    start: float
+    name: str
+    waiters: tuple[str, ...]
+    longest: float
+    usual: float
+    culprit: str | None
+    args: Mapping[str, Any]
+
+
 class TraceSummary:
     """The numbers ``hwplace report`` prints, worked out once from a merged trace (times in microseconds)."""
 
@@ -102,6 +146,7 @@ class TraceSummary:
         spans: dict[str, dict[str, Intervals]] = defaultdict(lambda: defaultdict(list))  # track -> category -> ...
         stage_spans: dict[str, Intervals] = defaultdict(list)
         self.waits: list[tuple[float, float, str, str, Mapping[str, Any]]] = []  # dur, start, track, name, args
+        self.called: dict[str, list[tuple[float, float, str]]] = defaultdict(list)  # track -> its group calls
         first, last = float("inf"), float("-inf")
         launches = constructors(trace["traceEvents"])
         for event in trace["traceEvents"]:
@@ -117,6 +162,7 @@ class TraceSummary:
             first, last = min(first, start), max(last, end)
             if event.get("cat") == CALL:
                 stage_spans[f"{tracks[key]['group']}.{event['name']}"].append((start, end))
+                self.called[key].append((start, end, event["name"]))
             elif event.get("cat") == WAIT:
                 self.waits.append((event["dur"], start, key, event["name"], event.get("args") or {}))
         self.window: Intervals = [(first, last)] if last > first else []
@@ -146,6 +192,87 @@ class TraceSummary:
         rows = [(worker, kind, total, int(count), longest)
                 for (worker, kind), (total, count, longest) in totals.items()]
         return sorted(rows, key=lambda row: (-row[2], row[0], row[1]))
+
+    def _kind(self, key: str, name: str, args: Mapping[str, Any]) -> tuple[Any, ...]:
+        return (self.tracks[key]["group"], name, *(str(args.get(note)) for note in ("channel", "queue", "on")))
+
+    def stepped(self) -> list[int]:
+        """The waits (indices into :attr:`waits`) in the calls the driver makes every step (the methods called
+        most often on one rank) but a rank's first (it waits for the pipeline to fill): what the steps waited for.
+        Every wait when no method was called more than once."""
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for key, calls in self.called.items():
+            for _, _, name in calls:
+                counts[key, name] += 1
+        steps = max(counts.values(), default=0)
+        if steps < 2:
+            return _outermost(self.waits, range(len(self.waits)))
+        inside: dict[str, Intervals] = defaultdict(list)  # per worker (its rank's tracks alike): its steps' calls
+        for key, calls in self.called.items():
+            ordered = sorted((start, end) for start, end, name in calls if counts[key, name] >= steps)
+            inside[self.worker(key).split(" (")[0]] += ordered[1:]
+        merged = {worker: union(found) for worker, found in inside.items()}
+        chosen = [index for index, (duration, start, key, _, _) in enumerate(self.waits)
+                  if any(low <= start and start + duration <= high for low, high in merged.get(self.worker(key).split(
+                      " (")[0], ()))]
+        return _outermost(self.waits, chosen)
+
+    def holds(self) -> list[Hold]:
+        """The waits of the steps (:meth:`stepped`) beyond the usual of their kind, a collective's charged to its
+        last rank: the largest first."""
+        chosen = self.stepped()
+        kinds: dict[tuple[Any, ...], list[float]] = defaultdict(list)
+        for index in chosen:
+            duration, _, key, name, args = self.waits[index]
+            kinds[self._kind(key, name, args)].append(duration)
+        usual = {kind: statistics.median(found) for kind, found in kinds.items()}
+        peers: dict[tuple[str, str], list[int]] = defaultdict(list)  # a collective's waits by group and name
+        for index in chosen:
+            _, _, key, name, args = self.waits[index]
+            if not recorded_by_hwplace({"name": name, "args": args}):
+                peers[self.tracks[key]["group"], name].append(index)
+        found: dict[tuple[str, int], list[Any]] = {}
+        excesses = {i: max(0.0, self.waits[i][0] - usual[self._kind(*self.waits[i][2:])]) for i in chosen}
+        for index in chosen:
+            duration, start, key, name, args = self.waits[index]
+            kind = self._kind(key, name, args)
+            excess, last = excesses[index], index
+            if not recorded_by_hwplace({"name": name, "args": args}):
+                last = self._last(index, peers[self.tracks[key]["group"], name])
+            entry = found.setdefault(("c", last) if last != index else ("w", index),
+                                     [0.0, start, name, [], 0.0, usual[kind], None, args])
+            if last != index:  # the late rank's own waits on others, beyond the waiter's, explain its lateness
+                excess = max(0.0, excess - max(0.0, self._explained(last, excesses) - self._explained(index, excesses)))
+            entry[0] += excess
+            entry[3].append(key)
+            entry[4] = max(entry[4], duration)
+            if last != index:
+                entry[1], entry[6] = min(entry[1], start), self.waits[last][2]
+        holds = [Hold(e[0], e[1], e[2], tuple(e[3]), e[4], e[5], e[6], e[7]) for e in found.values()]
+        return sorted(holds, key=lambda hold: (-hold.excess, hold.start))
+
+    def _explained(self, last: int, excesses: Mapping[int, float]) -> float:
+        """The excess of the waits on other components (hwplace's) of a rank in its group call before it came to
+        collective wait ``last``: the lateness they explain is theirs (listed themselves), not the rank's own."""
+        _, arrived, key, _, _ = self.waits[last]
+        call = next(((low, high) for low, high, _ in self.called[key] if low <= arrived <= high), (arrived, arrived))
+        return sum(excess for index, excess in excesses.items() if self.waits[index][2] == key
+                   and call[0] <= self.waits[index][1] and self.waits[index][1] + self.waits[index][0] <= arrived
+                   and recorded_by_hwplace({"name": self.waits[index][3], "args": self.waits[index][4]}))
+
+    def _last(self, index: int, collective: list[int]) -> int:
+        """Of the waits of other ranks in the same collective as wait ``index`` (one a rank: the one overlapping it
+        most), the one that started last, or ``index`` when it started last itself."""
+        duration, start, key, _, _ = self.waits[index]
+        rank = self.tracks[key]["rank"]
+        best: dict[int, tuple[float, int]] = {}
+        for other in collective:
+            length_, begun, where, _, _ = self.waits[other]
+            shared = min(start + duration, begun + length_) - max(start, begun)
+            peer = self.tracks[where]["rank"]
+            if peer != rank and shared > 0 and shared > best.get(peer, (0.0, -1))[0]:
+                best[peer] = (shared, other)
+        return max([index, *(other for _, other in best.values())], key=lambda i: (self.waits[i][1], i == index))
 
     def worker(self, key: str) -> str:
         track = self.tracks[key]
@@ -195,9 +322,23 @@ class TraceSummary:
         return {worker: shares["covered"] for worker, shares in self.workers().items()}
 
 
+def _outermost(waits: list[tuple[float, float, str, str, Mapping[str, Any]]], chosen: Iterable[int]) -> list[int]:
+    """``chosen`` less the waits inside another wait of their track (a channel's get in a job's collective span):
+    the outer one says what the time was spent waiting for."""
+    kept: list[int] = []
+    reach: dict[str, float] = {}
+    for index in sorted(chosen, key=lambda i: (waits[i][1], -waits[i][0])):  # by start, the longer first
+        duration, start, key, _, _ = waits[index]
+        if start + duration <= reach.get(key, float("-inf")):
+            continue
+        kept.append(index)
+        reach[key] = max(reach.get(key, float("-inf")), start + duration)
+    return kept
+
+
 def print_report(trace: Mapping[str, Any], out: TextIO, top: int = 10, node_type: str | None = None) -> TraceSummary:
-    """Print each device's idle share per stage and the ``top`` longest waits; returns the numbers. Resources of
-    ``node_type`` (the node-kind backend's) are no devices."""
+    """Print each device's idle share per stage, the ``top`` top waits and longest waits; returns the numbers.
+    Resources of ``node_type`` (the node-kind backend's) are no devices."""
     summary = TraceSummary(trace, node_type)
     workers = {(t["group"], t["rank"]) for t in summary.tracks.values()}
     nodes = {t["node"] for t in summary.tracks.values()}
@@ -227,6 +368,17 @@ def print_report(trace: Mapping[str, Any], out: TextIO, top: int = 10, node_type
         for worker, kind, total, count, longest in summary.wait_totals()[:top]:
             out.write(f"  {worker:<24} {kind:<36} {total / 1e6:8.3f} s in {count:>6}, "
                       f"longest {longest / 1e3:8.1f} ms\n")
+    if summary.waits:
+        out.write(f"\ntop waits of the steps (in the calls made every step, the first left out): each wait's time "
+                  f"beyond the usual (median) of its kind, a collective's summed over its ranks and charged to the "
+                  f"rank they waited for (top {top})\n")
+    for hold in summary.holds()[:top]:
+        at = (hold.start - summary.window[0][0]) / 1e6 if summary.window else 0.0
+        waiters = ", ".join(sorted({summary.worker(k) for k in hold.waiters}))
+        detail = ", ".join(f"{k} {v!r}" if isinstance(v, str) else f"{k} {v}" for k, v in hold.args.items())
+        what = f"{summary.worker(hold.culprit)} held up {waiters} in" if hold.culprit else f"{waiters} in"
+        out.write(f"  {hold.excess / 1e3:10.1f} ms  {what} {hold.name} at {at:.3f} s (waited "
+                  f"{hold.longest / 1e3:.1f} ms, usually {hold.usual / 1e3:.1f} ms){'  ' + detail if detail else ''}\n")
     out.write(f"\nlongest waits (top {top})\n" if summary.waits else "\nno waits recorded\n")
     for duration, start, key, name, args in summary.waits[:top]:
         detail = ", ".join(f"{k} {v!r}" if isinstance(v, str) else f"{k} {v}" for k, v in args.items())

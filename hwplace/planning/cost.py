@@ -3,9 +3,13 @@ profile, and :func:`predict`, which applies it to a planned :class:`~hwplace.Com
 
 The rule. Components that share an accelerator form a *cell* (with those they share with, transitively);
 components of one cell take turns, so their work serializes: a cell's time is the sum of its components'
-stage seconds, plus, where the cell has more than one component, each one's measured offload and onload, plus
-every weight sync whose source or a target is in the cell. Cells run side by side and pipeline (one step
-off-policy), so the step takes as long as the slowest cell. A weight sync takes its bytes over the bandwidth
+stage seconds, plus, where the cell has more than one component, each one's measured offload and onload; but
+no less than any one component's own cycle, its stage seconds plus the driver's time between two of its calls
+(``between``: while the driver works, the component's cell-mates may compute, itself not); plus every weight
+sync whose source or a target is in the cell. Cells run side by side and pipeline (one step off-policy): each
+step takes as long as the slowest cell *in that step*, so the step is the expected longest of the cells, each
+cell's time varying from step to step by the measured ``spread`` (:func:`expected_longest`: the slowest cell's
+time where nothing varies). A weight sync takes its bytes over the bandwidth
 of its slowest transport: ``same-device``, ``same-node`` or ``other-node`` (:mod:`hwplace.planning.sync_plan`).
 The search (:mod:`hwplace.planning.search`) applies the same functions without building placements.
 Imports the layers below and the other modules of :mod:`hwplace.planning` but ``search``.
@@ -13,6 +17,7 @@ Imports the layers below and the other modules of :mod:`hwplace.planning` but ``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -65,6 +70,7 @@ class CellCost:
     components: tuple[str, ...]
     seconds: float
     parts: tuple[tuple[str, float], ...]
+    spread: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -98,19 +104,61 @@ class Prediction:
         return all(m.fits for m in self.memory)
 
 
-def cell_cost(members: Sequence[tuple[str, Point, ComponentResources | None]],
-              syncs: Sequence[SyncCost]) -> CellCost:
-    """A cell's seconds: its components' stages one after another, their turns, and ``syncs`` (those touching
-    it)."""
+Parts = tuple[tuple[str, float], ...]
+
+
+def cell_work(members: Sequence[tuple[str, Point, ComponentResources | None]]) -> tuple[float, Parts, float]:
+    """A cell's seconds before weight sync, what they are made of, and how much they vary from step to step: its
+    components' stages one after another with their turns (their spreads added as independent variations), or,
+    where it is longer, one component's cycle (its stages and the driver's time between two of its calls, during
+    which the others may work) and its spread."""
     shared = len(members) > 1
-    parts: list[tuple[str, float]] = []
+    serial: list[tuple[str, float]] = []
     for name, point, memory in members:
-        parts.append((name, point.seconds))
+        serial.append((name, point.seconds))
         swap = swap_seconds(name, point, memory, shared)
         if swap:
-            parts.append((f"{name} offload+onload", swap))
-    parts += [(f"weight sync {s.name} ({s.transport})", s.seconds) for s in syncs]
-    return CellCost(tuple(m[0] for m in members), sum(seconds for _, seconds in parts), tuple(parts))
+            serial.append((f"{name} offload+onload", swap))
+    total = sum(seconds for _, seconds in serial)
+    name, point, _ = max(members, key=lambda member: member[1].cycle)
+    if point.between and point.cycle > total:
+        return point.cycle, ((name, point.seconds), (f"{name} between steps (driver)", point.between)), point.spread
+    return total, tuple(serial), math.hypot(*(member[1].spread for member in members))
+
+
+def expected_longest(cells: Iterable[tuple[float, float]]) -> float:
+    """The expected longest of cells whose times vary independently from step to step, each ``(mean, standard
+    deviation)`` in seconds, as normal variables: Clark's (1961) moments of the maximum of two, folded over the
+    cells. Where no cell varies, the longest mean."""
+    mean, variance = -math.inf, 0.0
+    for other, spread in cells:
+        if mean == -math.inf:
+            mean, variance = other, spread * spread
+            continue
+        theta = math.sqrt(variance + spread * spread)
+        if theta <= 1e-12 * max(abs(mean), abs(other), 1e-9):
+            mean, variance = max(mean, other), 0.0
+            continue
+        alpha = (mean - other) / theta
+        high, low = _normal_cdf(alpha), _normal_cdf(-alpha)
+        density = math.exp(-alpha * alpha / 2) / math.sqrt(2 * math.pi)
+        first = mean * high + other * low + theta * density
+        second = ((mean * mean + variance) * high + (other * other + spread * spread) * low
+                  + (mean + other) * theta * density)
+        mean, variance = first, max(0.0, second - first * first)
+    return 0.0 if mean == -math.inf else mean
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+
+def cell_cost(members: Sequence[tuple[str, Point, ComponentResources | None]],
+              syncs: Sequence[SyncCost]) -> CellCost:
+    """A cell's seconds: :func:`cell_work`, and ``syncs`` (those touching it)."""
+    work, parts, spread = cell_work(members)
+    synced = tuple((f"weight sync {s.name} ({s.transport})", s.seconds) for s in syncs)
+    return CellCost(tuple(m[0] for m in members), work + sum(s.seconds for s in syncs), parts + synced, spread)
 
 
 def predict(plan: ComponentPlacement, profile: Profile) -> Prediction:
@@ -150,8 +198,8 @@ def predict(plan: ComponentPlacement, profile: Profile) -> Prediction:
     records = [r for r in memories.values() if r is not None]
     records += [r for name, r in declared.items() if name not in memories]
     plans = device_memory(placements, records, _capacities(plan, placements))
-    return Prediction(max((c.seconds for c in costs), default=0.0), costs, tuple(syncs), tuple(plans), points,
-                      tuple(unprofiled))
+    return Prediction(expected_longest((c.seconds, c.spread) for c in costs), costs, tuple(syncs), tuple(plans),
+                      points, tuple(unprofiled))
 
 
 def _cells(placements: Mapping[str, Sequence[Placement]], points: Mapping[str, Point]) -> list[tuple[str, ...]]:

@@ -10,12 +10,14 @@ included)::
                    "points": [{"processes": 4, "devices_per_process": 1, "placement": "0-3",
                                "stages": {"train": {"seconds": 1.2}},
                                "offload": {"seconds": 0.2}, "onload": {"seconds": 0.3},
+                               "between": {"seconds": 0.05},
                                "memory": {"train": "50GiB", "offloaded": "1GiB"}}]}},
      "weight_sync": {"policy": {"bytes": "1GiB"}},
      "bandwidth": {"same-device": "200GB", "same-node": "20GB", "other-node": "10GB"}}
 
 A point is one measurement: the component ran as ``processes`` processes of ``devices_per_process``
-accelerators each; each stage took ``seconds`` per step; ``memory`` is what one process held on each of its
+accelerators each; each stage took ``seconds`` per step; ``between`` is the driver's time per step between two
+of its calls; ``memory`` is what one process held on each of its
 accelerators, per phase (the ``resources:`` rule). :meth:`ComponentProfile.at` predicts nothing that was not
 measured: another process count is :class:`NotMeasured`, naming the component and the count, unless the
 component declares ``scaling: data-parallel`` and has measured at least two counts around it. A mistake in
@@ -48,7 +50,8 @@ DEFAULT_BANDWIDTH: Mapping[str, int] = FrozenDict({SAME_DEVICE: 200 * 1000**3, S
 """Bytes per second a weight sync moves by each transport, unless a profile's ``bandwidth`` says otherwise."""
 _KEYS = ("version", "components", "weight_sync", "bandwidth")
 _COMPONENT_KEYS = ("points", "scaling")
-_POINT_KEYS = ("processes", "devices_per_process", "placement", "stages", "offload", "onload", "memory")
+_POINT_KEYS = ("processes", "devices_per_process", "placement", "stages", "offload", "onload", "between", "spread",
+               "memory")
 
 
 class NotMeasured(PlacementError):
@@ -74,7 +77,9 @@ class Point:
     """One measurement of a component: ``processes`` processes of ``devices_per_process`` accelerators;
     seconds per step of each stage; seconds of one offload and one onload (``None``: not measured); memory per
     phase of one process on each accelerator (empty: not measured). ``measured`` is false for a point the
-    scaling rule predicted between two measured ones."""
+    scaling rule predicted between two measured ones. ``between`` is the driver's seconds per step between two
+    of the component's calls (0 for a component the driver does not call every step); ``spread`` the standard
+    deviation of its cycle from one step to the next (0: not measured)."""
 
     processes: int
     devices_per_process: int = 1
@@ -84,6 +89,8 @@ class Point:
     memory: Mapping[str, int] = field(default_factory=FrozenDict)
     placement: str | None = None
     measured: bool = True
+    between: float = 0.0
+    spread: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", FrozenDict(self.stages))
@@ -93,6 +100,11 @@ class Point:
     def seconds(self) -> float:
         """The component's work per step: its stages one after another."""
         return sum(self.stages.values())
+
+    @property
+    def cycle(self) -> float:
+        """The component's own cycle per step: its work and the driver's time between two of its calls."""
+        return self.seconds + self.between
 
     @property
     def swap(self) -> float | None:
@@ -179,7 +191,8 @@ def _between(component: str, low: Point, high: Point, processes: int) -> Point:
     stages = {name: mix(seconds, high.stages[name]) or 0.0 for name, seconds in low.stages.items()}
     memory = {phase: max(low.memory[phase], high.memory[phase]) for phase in low.memory if phase in high.memory}
     return Point(processes, low.devices_per_process, stages, mix(low.offload, high.offload),
-                 mix(low.onload, high.onload), memory, measured=False)
+                 mix(low.onload, high.onload), memory, measured=False, between=mix(low.between, high.between) or 0.0,
+                 spread=mix(low.spread, high.spread) or 0.0)
 
 
 @dataclass(frozen=True)
@@ -230,6 +243,9 @@ def _point_json(point: Point) -> dict[str, Any]:
     data["stages"] = {name: {"seconds": seconds} for name, seconds in point.stages.items()}
     for key in ("offload", "onload"):
         if getattr(point, key) is not None:
+            data[key] = {"seconds": getattr(point, key)}
+    for key in ("between", "spread"):
+        if getattr(point, key):
             data[key] = {"seconds": getattr(point, key)}
     if point.memory:
         data["memory"] = dict(point.memory)
@@ -341,8 +357,10 @@ def _point(value: Any, path: str) -> Point:
     if not stages:
         raise ConfigError(f"{path}.stages", "is empty", allowed="STAGE: {seconds: S} entries")
     offload, onload = (_seconds(entry[k], f"{path}.{k}") if k in entry else None for k in ("offload", "onload"))
+    between, spread = (_seconds(entry[k], f"{path}.{k}") if k in entry else 0.0 for k in ("between", "spread"))
     memory = parse_memory(entry["memory"], f"{path}.memory") if "memory" in entry else {}
-    point = Point(processes, per, stages, offload, onload, memory, None if placement is None else str(placement))
+    point = Point(processes, per, stages, offload, onload, memory, None if placement is None else str(placement),
+                  between=between, spread=spread)
     if memory and point.resources("x") is None:
         raise ConfigError(f"{path}.memory", "declares no working phase", allowed="a phase other than offloaded "
                           "and idle, such as train: 50GiB")

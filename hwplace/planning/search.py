@@ -19,7 +19,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from hwplace.config.job_config import JobConfig
 from hwplace.config.resources import ComponentResources
@@ -28,7 +28,7 @@ from hwplace.foundation.errors import ConfigError, PlacementError
 from hwplace.foundation.wording import plural
 from hwplace.inventory.cluster import Cluster
 from hwplace.planning.component import ComponentPlacement
-from hwplace.planning.cost import SyncCost, memory_of, slowest, swap_seconds, sync_seconds
+from hwplace.planning.cost import SyncCost, cell_work, expected_longest, memory_of, slowest, sync_seconds
 from hwplace.planning.layouts import Candidate, Cell, SearchResult, Slot, written_entry
 from hwplace.planning.memory import capacity_of, peak
 from hwplace.planning.profile import NotMeasured, Point, Profile
@@ -50,6 +50,7 @@ class _Block:
     reason: str | None
     syncs: tuple[int, ...] = ()  # the weight syncs that count in this cell
     floor: float = 0.0  # the least those syncs can cost
+    spreads: dict[int, float] = field(default_factory=dict)  # per size: how much its seconds vary from step to step
 
     def __post_init__(self) -> None:
         self.rising = [-seconds for seconds in self.best_below]
@@ -133,7 +134,8 @@ class _State:
             if name in profile.components:
                 per = len(ranks[0].local_hardware_ranks) if ranks[0].local_accelerator_id >= 0 else 1
                 self.fixed_points[name] = profile.component(name).at(len(ranks), per)
-        self.fixed_cells = [(point.seconds, self._touching((name,))) for name, point in self.fixed_points.items()]
+        self.fixed_cells = [(point.cycle, self._touching((name,)), point.spread)
+                            for name, point in self.fixed_points.items()]
 
     def _least_sync(self, index: int, names: Sequence[str]) -> float:
         """The least weight sync ``index`` can cost in a cell of ``names``: by ``same-device`` only when the cell
@@ -161,18 +163,19 @@ class _State:
                     point = entry.at(size // per, per)
                 except NotMeasured:
                     continue
-                if size not in found or point.seconds < found[size][0].seconds:
+                if size not in found or point.cycle < found[size][0].cycle:
                     found[size] = (point, memory_of(name, point, self.declared))
         return found
 
     def _block(self, names: tuple[str, ...]) -> _Block:
         sizes = set.intersection(*(set(self.options[n]) for n in names))
         by_size: dict[int, tuple[float, int | None, tuple[Slot, ...]]] = {}
+        spreads: dict[int, float] = {}
         reason = None
         for size in sorted(sizes):
             members = [(n, *self.options[n][size]) for n in names]
             try:
-                seconds = sum(p.seconds + swap_seconds(n, p, m, len(names) > 1) for n, p, m in members)
+                seconds, _, spreads[size] = cell_work(members)
             except NotMeasured as exc:
                 reason = reason or exc.reason
                 continue
@@ -197,7 +200,7 @@ class _State:
             if size in by_size:
                 least = min(least, by_size[size][0] + floor)
             best_below[size] = least
-        return _Block(names, by_size, best_below, None if by_size else reason, syncs, floor)
+        return _Block(names, by_size, best_below, None if by_size else reason, syncs, floor, spreads)
 
     def _source_rank_fits(self, slots: tuple[Slot, ...]) -> bool:
         processes = {s.component: s.processes for s in slots}
@@ -213,7 +216,7 @@ class _State:
             sizes = ", ".join(f"{','.join(b.names)} {size}" for b, size in zip(blocks, least, strict=True))
             return Candidate(layout, None, None, reason=f"its cells need at least {sum(least)} accelerators "
                              f"({sizes}) and there are {self.n}: profile smaller process counts")
-        floor = max((seconds for seconds, _ in self.fixed_cells), default=0.0)
+        floor = max((seconds for seconds, _, _ in self.fixed_cells), default=0.0)
         self.found, self.bound = None, math.inf
         orders = [list(order) for order in itertools.permutations(blocks)]
         balanced = self._balanced(blocks)
@@ -295,10 +298,10 @@ class _State:
                       for spec, _ in self.syncs]
         times = [sync_seconds(amount, transport, self.profile.bandwidth)
                  for (_, amount), transport in zip(self.syncs, transports, strict=True)]
-        step = max((block.by_size[size][0] + sum(times[k] for k in block.syncs) for block, _, size in chosen),
-                   default=0.0)
-        for seconds, touching in self.fixed_cells:
-            step = max(step, seconds + sum(times[k] for k in touching))
+        step = expected_longest([(block.by_size[size][0] + sum(times[k] for k in block.syncs), block.spreads[size])
+                                 for block, _, size in chosen]
+                                + [(seconds + sum(times[k] for k in touching), spread)
+                                   for seconds, touching, spread in self.fixed_cells])
         if step >= self.bound:
             return
         cells = tuple(Cell(block.by_size[size][2], first, size,

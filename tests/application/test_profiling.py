@@ -1,9 +1,11 @@
-"""Profiles: one point per component, its stages' work per step (group calls made every step, or running through
-the run, less their waits, offloads, onloads and weight syncs), offload and onload, memory measured (CUDA peaks in
+"""Profiles: one point per component, its stages' seconds per step on the slowest rank (group calls made every step,
+or running through the run, less their waits on other components, offloads, onloads and weight syncs; a
+collective's wait counts), the driver's time between two steps, offload and onload, memory measured (CUDA peaks in
 the span arguments) or else declared, and each weight sync's bytes."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,8 @@ def trainer(rank: int, waited: float) -> list[tuple]:  # type: ignore[type-arg]
     spans: list[tuple] = [("__init__", "call", -500, -100), ("attach", "call", -50, -45)]  # type: ignore[type-arg]
     for step in range(3):
         start = 100.0 * step
-        spans += [("step", "call", start, start + 100), ("get_batch", "wait", start, start + waited),
+        spans += [("step", "call", start, start + 100),
+                  ("get_batch", "wait", start, start + waited, {"channel": "grpo", "queue": "experience"}),
                   ("turn", "turn", start + waited, start + 100),
                   ("offload", "memory", start + 90, start + 90 + rank + 2)]
         if rank == 0:
@@ -44,7 +47,8 @@ def test_a_point_per_component_with_the_work_per_step_of_its_stages(tmp_path: Pa
     assert point["devices_per_process"] == 1
     assert point["placement"] == "2-3"
     assert list(point["stages"]) == ["step"]  # attach is called once, the constructor is no stage
-    assert point["stages"]["step"]["seconds"] == pytest.approx((73 + 57) / 2 / 1000)  # the median rank
+    assert point["stages"]["step"]["seconds"] == pytest.approx(73 / 1000)  # the slowest rank
+    assert "between" not in point  # its steps follow one another: the driver took no time between them
     assert point["offload"]["seconds"] == pytest.approx(0.0025)
     assert "onload" not in point
     assert "memory" not in point
@@ -82,3 +86,41 @@ def test_memory_measured_wins_over_declared_which_fills_in(tmp_path: Path) -> No
     assert components["rollout"]["points"][0]["memory"] == {"generate": 30 * GIB, "offloaded": GIB // 2}
     # measured: only what it holds offloaded, no working phase: the declared figures stand
     assert components["reward"]["points"][0]["memory"] == {"score": 12 * GIB}
+
+
+def test_a_collective_wait_counts_and_the_driver_time_between_steps_is_kept(tmp_path: Path) -> None:
+    # each rank: a 100 ms step every 150 ms (50 ms between calls, the driver's); in it a 10 ms get_batch (a wait on
+    # the rollout: not the trainer's time), then work (5 ms of it acknowledging the batch: an answer from the
+    # channel's host, no other component's, so it counts), then an all_reduce (hwplace.span: a wait on its peers,
+    # which counts: the rank holds its accelerator). Rank 1 works 70 ms and waits 20 in the all_reduce; rank 0
+    # works 50 and waits 40 for rank 1 there: both take 90 ms a step, the slowest rank's 70 and the collective's 20.
+    for rank, work in ((0, 50.0), (1, 70.0)):
+        spans: list[tuple] = []  # type: ignore[type-arg]
+        for step in range(4):
+            start = 150.0 * step
+            spans += [("step", "call", start, start + 100),
+                      ("get_batch", "wait", start, start + 10, {"on": "experience"}),
+                      ("ack", "wait", start + 10, start + 15, {"channel": "grpo", "queue": "default"}),
+                      ("all_reduce", "wait", start + 10 + work, start + 100, {"op": "sum"})]
+            if step:
+                spans.append(("between calls", "idle", start - 50, start))
+        write_worker(tmp_path, "trainer", rank, spans, devices=[f"fake-accelerator {rank}"])
+    (point,) = build_profile(merge(tmp_path))["components"]["trainer"]["points"]
+    assert point["stages"] == {"step": {"seconds": pytest.approx(0.09)}}
+    assert point["between"] == {"seconds": pytest.approx(0.05)}
+
+
+def test_the_spread_of_a_step_is_measured_on_the_slowest_rank(tmp_path: Path) -> None:
+    # one rank: steps of 50 and 70 ms of work in turn, 50 ms between calls: cycles of 100, 120, 100 ms (the last
+    # step has no time after it)
+    spans: list[tuple] = []  # type: ignore[type-arg]
+    start = 0.0
+    for step, work in enumerate((50.0, 70.0, 50.0, 70.0)):
+        spans.append(("step", "call", start, start + work))
+        if step:
+            spans.append(("between calls", "idle", start - 50, start))
+        start += work + 50
+    write_worker(tmp_path, "trainer", 0, spans, devices=["fake-accelerator 0"])
+    (point,) = build_profile(merge(tmp_path))["components"]["trainer"]["points"]
+    assert point["stages"] == {"step": {"seconds": pytest.approx(0.06)}}
+    assert point["spread"] == {"seconds": pytest.approx(statistics.stdev([0.1, 0.12, 0.1]))}

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from traces import stalled_job, write_worker
+import yaml
+from traces import collective_stall, stalled_job, write_worker
 
+import hwplace
 from hwplace.application.cli import main
 from hwplace.application.timeline import merge
 from hwplace.application.trace_report import TraceSummary, length, overlap, print_report, subtract, union
+from hwplace.testing import process_cluster
 
 
 def test_union_subtract_overlap() -> None:
@@ -41,6 +46,48 @@ def test_an_injected_200_ms_stall_in_one_rank_is_the_top_wait(tmp_path: Path) ->
     assert totals[0][:2] == ("trainer rank 1", "get_batch 'experience'")  # the stall, and its rank's others
     assert [row[3] for row in totals] == [6, 6, 6, 6]
     assert totals[0][4] == pytest.approx(200_000)
+
+
+def test_a_stall_before_a_collective_is_the_top_wait_charged_to_the_rank_that_stalled(tmp_path: Path) -> None:
+    out = io.StringIO()
+    summary = print_report(collective_stall(tmp_path), out, top=3)
+    # the longest single waits are the batches' 320 ms, every step: a bubble that recurs, not what held the run up
+    assert summary.waits[0][3] == "get_batch"
+    assert summary.waits[0][0] == pytest.approx(320_000)
+    top = summary.holds()[0]
+    assert (top.name, summary.worker(top.culprit or ""), [summary.worker(k) for k in top.waiters]) == \
+        ("all_reduce", "trainer rank 1", ["trainer rank 0"])
+    assert top.longest == pytest.approx(205_000)  # rank 0 waited the stall and the collective's own 5 ms
+    assert top.usual == pytest.approx(5_000)
+    assert top.excess == pytest.approx(200_000)
+    assert all(hold.excess <= 20_000 for hold in summary.holds()[1:])
+    text = out.getvalue()
+    first = text.split("they waited for (top 3)\n")[1].splitlines()[0]
+    assert first.split()[:2] == ["200.0", "ms"], text
+    assert "trainer rank 1 held up trainer rank 0 in all_reduce at 3.400 s (waited 205.0 ms, usually 5.0 ms)" \
+        in first, first
+
+
+def test_a_rank_late_to_a_collective_for_want_of_its_input_is_charged_nothing_more(tmp_path: Path) -> None:
+    """Rank 0 waits 400 ms longer for its batch in step 4, so rank 1 waits 400 ms longer in the all_reduce: one
+    bubble, listed once, as rank 0's wait for its batch (the rollout was late), not also as rank 0 holding up rank
+    1. The stall of step 3 is still charged to rank 1."""
+    summary = TraceSummary(collective_stall(tmp_path, stall=200.0, starve=400.0))
+    first, second, *rest = summary.holds()
+    assert (first.name, first.culprit, [summary.worker(k) for k in first.waiters]) == \
+        ("get_batch", None, ["trainer rank 0"])
+    assert first.excess == pytest.approx(400_000 + 300_000 + 10_000 * (4 % 3) - first.usual)
+    assert (second.name, summary.worker(second.culprit or "")) == ("all_reduce", "trainer rank 1")
+    assert second.excess == pytest.approx(200_000)
+    assert all(hold.excess <= 20_000 for hold in rest)
+
+
+def test_a_wait_on_a_channel_is_charged_to_its_waiter(tmp_path: Path) -> None:
+    summary = TraceSummary(stalled_job(tmp_path, stalled_rank=1))
+    top = summary.holds()[0]
+    assert (top.name, top.culprit, [summary.worker(k) for k in top.waiters]) == \
+        ("get_batch", None, ["trainer rank 1"])
+    assert top.excess == pytest.approx(200_000 - top.usual)
 
 
 def test_idle_share_per_stage_by_hand(tmp_path: Path) -> None:
@@ -111,3 +158,46 @@ def test_the_report_leaves_out_stages_shorter_than_a_hundredth_of_the_run(tmp_pa
     assert "trainer.attach" in summary.stages
     assert "trainer.step" in out.getvalue()
     assert "trainer.attach" not in out.getvalue()
+
+
+# -- a run: two ranks meet in a collective every step (a barrier on a channel, marked with hwplace.span); one stalls --
+
+STALL_STEP, STALL_SECONDS, STEPS = 3, 1.5, 6
+
+
+class Meeting(hwplace.Worker):
+    def step(self, meet: hwplace.Channel, number: int) -> int:
+        if self.rank == 1 and number == STALL_STEP:
+            time.sleep(STALL_SECONDS)  # its work, late: rank 0 waits for it in the collective
+        with hwplace.span("all_reduce", op="sum"):  # a wait on its peers: every rank's arrival, then go on
+            for peer in range(self.world_size):
+                if peer != self.rank:
+                    meet.put(number, queue_name=f"to-{peer}")
+            for _ in range(self.world_size - 1):
+                meet.get(queue_name=f"to-{self.rank}", timeout=60)
+        return number
+
+
+def meeting_job(job: hwplace.Job) -> dict[str, Any]:
+    meet = hwplace.Channel.create(f"meet-{time.monotonic_ns()}")
+    ranks = job.launch(Meeting, "trainer")
+    for number in range(STEPS):
+        ranks.step(meet, number).wait(timeout=60)
+    return {}
+
+
+@pytest.mark.time_limit(180)
+def test_a_rank_that_stalls_in_a_run_is_charged_the_top_wait(tmp_path: Path) -> None:
+    config, trace_file = tmp_path / "job.yaml", tmp_path / "trace.json"
+    config.write_text(yaml.safe_dump({"job": {"entrypoint": "test_trace_report:meeting_job"}, "cluster": {
+        "num_nodes": 1, "executor": "processes", "component_placement": {"trainer": "0-1"}}}))
+    with process_cluster(1, 2):
+        code = main(["run", str(config), "--trace", str(trace_file)], io.StringIO(), err := io.StringIO())
+    assert code == 0, err.getvalue()
+    out = io.StringIO()
+    assert main(["report", str(trace_file), "--top", "3"], out, io.StringIO()) == 0
+    summary = TraceSummary(json.loads(trace_file.read_text()))
+    top = summary.holds()[0]
+    assert (top.name, summary.worker(top.culprit or ""), [summary.worker(k) for k in top.waiters]) == \
+        ("all_reduce", "trainer rank 1", ["trainer rank 0"]), out.getvalue()
+    assert "trainer rank 1 held up trainer rank 0 in all_reduce" in out.getvalue().split("top waits")[1]

@@ -4,6 +4,7 @@ apart ones pipeline, weight syncs cost their bytes over their slowest transport,
 
 from __future__ import annotations
 
+import math
 import pickle
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from hwplace.config.job_config import parse_job_config
 from hwplace.inventory.offline import fake_cluster
 from hwplace.planning.component import ComponentPlacement
-from hwplace.planning.cost import predict
+from hwplace.planning.cost import expected_longest, predict
 from hwplace.planning.profile import NotMeasured, Profile, parse_profile
 
 GIB = 2**30
@@ -54,6 +55,45 @@ def test_apart_components_pipeline_bounded_by_the_slowest() -> None:
     assert trainer.seconds == pytest.approx(3.1)
     assert rollout.seconds == pytest.approx(2.1)
     assert prediction.step_seconds == pytest.approx(3.1)
+
+
+def test_a_cell_is_no_faster_than_one_components_cycle_with_the_drivers_time_between_steps() -> None:
+    def driven(between: float) -> Profile:
+        data = profile().to_json()
+        for entry in data["components"]["trainer"]["points"]:
+            entry["between"] = {"seconds": between}
+        return parse_profile(data)
+
+    apart = predict(plan({"trainer": "0-1", "rollout": "2-3"}), driven(1.5))
+    assert apart.cells[0].parts == (("trainer", 3.0), ("trainer between steps (driver)", 1.5),
+                                    ("weight sync policy (same-node)", 0.1))
+    assert apart.step_seconds == pytest.approx(4.6)
+    # colocated, the rollout works while the driver does: the turns' 3 + 0.75 + 2 outlast the trainer's 4.5
+    assert predict(plan({"trainer,rollout": "0-1"}), driven(1.5)).step_seconds == pytest.approx(5.85)
+    # a driver slower between steps than the rollout's turn: the trainer's cycle, 3 + 3, binds the cell
+    colocated = predict(plan({"trainer,rollout": "0-1"}), driven(3.0))
+    assert colocated.cells[0].parts == (("trainer", 3.0), ("trainer between steps (driver)", 3.0),
+                                        ("weight sync policy (same-node)", 0.1))
+    assert colocated.step_seconds == pytest.approx(6.1)
+
+
+def test_cells_whose_times_vary_take_the_expected_longest_of_them() -> None:
+    assert expected_longest([]) == 0.0
+    assert expected_longest([(3.0, 0.0), (2.0, 0.0), (1.0, 0.0)]) == 3.0  # nothing varies: the longest
+    # two alike, each varying by s: the longer of the two is s / sqrt(pi) longer on average
+    assert expected_longest([(2.0, 0.3), (2.0, 0.3)]) == pytest.approx(2.0 + 0.3 / math.sqrt(math.pi))
+    # one far longer than the other: the other does not count
+    assert expected_longest([(10.0, 0.1), (1.0, 0.1)]) == pytest.approx(10.0)
+    # one varying by 0.5 against one that does not: E[max(X, 2)] for X ~ N(2, 0.5) = 2 + 0.5 * phi(0)
+    assert expected_longest([(2.0, 0.5), (2.0, 0.0)]) == pytest.approx(2.0 + 0.5 / math.sqrt(2 * math.pi))
+    data = profile().to_json()
+    for entry in data["components"]["trainer"]["points"]:
+        entry["spread"] = {"seconds": 0.4}
+    apart = predict(plan({"trainer": "0-1", "rollout": "2-3"}), parse_profile(data))
+    assert apart.cells[0].spread == 0.4
+    assert apart.cells[1].spread == 0.0
+    assert apart.step_seconds == pytest.approx(expected_longest([(3.1, 0.4), (2.1, 0.0)]))
+    assert 3.1 < apart.step_seconds < 3.1 + 0.4
 
 
 def test_a_sync_costs_by_its_slowest_transport() -> None:

@@ -18,10 +18,10 @@ def profile_data(**extra: Any) -> dict[str, Any]:
     return {"version": 1, "components": {
         "trainer": {"scaling": "data-parallel", "points": [
             {"processes": 4, "placement": "0-3", "stages": {"train": {"seconds": 2.0}, "publish": {"seconds": 0.5}},
-             "offload": {"seconds": 0.25}, "onload": {"seconds": 0.5},
+             "offload": {"seconds": 0.25}, "onload": {"seconds": 0.5}, "between": {"seconds": 0.1},
              "memory": {"train": "50GiB", "offloaded": 2**30}},
             {"processes": 1, "stages": {"train": {"seconds": 8.0}, "publish": {"seconds": 0.5}},
-             "memory": {"train": "40GiB"}}]},
+             "between": {"seconds": 0.3}, "spread": {"seconds": 0.5}, "memory": {"train": "40GiB"}}]},
         "rollout": {"points": [{"processes": 2, "devices_per_process": 2, "stages": {"generate": {"seconds": 3}}}]}},
         "weight_sync": {"policy": {"bytes": "1GB"}}, **extra}
 
@@ -32,6 +32,7 @@ def test_a_profile_reads_back_what_it_writes() -> None:
     assert [p.processes for p in trainer.points] == [1, 4]  # sorted by process count
     four = trainer.at(4)
     assert (four.seconds, four.swap, four.memory["train"], four.placement) == (2.5, 0.75, 50 * 2**30, "0-3")
+    assert (four.between, four.cycle) == (0.1, 2.6)
     assert profile.sync_bytes("policy") == 10**9
     assert profile.bandwidth == {**DEFAULT_BANDWIDTH, "other-node": 5 * 10**9}
     assert parse_profile(json.loads(json.dumps(profile.to_json()))) == profile
@@ -45,6 +46,7 @@ def test_data_parallel_scaling_predicts_between_measured_counts_linearly_in_one_
     assert two.stages["publish"] == pytest.approx(0.5)
     assert not two.measured
     assert two.swap is None
+    assert two.between == pytest.approx(0.3 + (0.1 - 0.3) * (1 / 2 - 1) / (1 / 4 - 1))  # the same rule
     assert two.memory == {"train": 50 * 2**30}  # the larger of the phases both measured
 
 
@@ -88,6 +90,8 @@ def test_what_the_profile_lacks_is_not_measured() -> None:
      "profile: components.trainer.points[0].stages.train.seconds"),
     (lambda d: d["components"]["trainer"]["points"][0]["stages"].update(train=2.0),
      "profile: components.trainer.points[0].stages.train"),
+    (lambda d: d["components"]["trainer"]["points"][0].update(between={"seconds": "1"}),
+     "profile: components.trainer.points[0].between.seconds"),
     (lambda d: d["components"]["trainer"]["points"][0]["memory"].update(train="50G"),
      "profile: components.trainer.points[0].memory.train"),
     (lambda d: d["components"]["trainer"]["points"][0].update(memory={"offloaded": "1GiB"}),

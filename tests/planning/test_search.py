@@ -161,6 +161,21 @@ def test_mixed_capacities_equal_brute_force(gib: list[int]) -> None:
           gib)
 
 
+def driven(entry: dict[str, Any], between: Sequence[float]) -> dict[str, Any]:
+    """``entry`` with the driver's time between two steps at each of its points."""
+    return {**entry, "points": [{**p, "between": {"seconds": b}, "spread": {"seconds": b / 2}}
+                                for p, b in zip(entry["points"], between, strict=True)]}
+
+
+@pytest.mark.parametrize("counts", [c for c in shapes(8) if len(c) <= 3], ids=lambda c: "x".join(map(str, c)))
+def test_the_drivers_time_between_steps_equals_brute_force(counts: list[int]) -> None:
+    """A cell is no faster than one component's cycle (its work and the driver's time between its steps), and the
+    step is the expected longest of cells that vary: with figures where that binds apart and, for the reward,
+    colocated too."""
+    check(["trainer", "rollout", "reward"], counts, make_profile(
+        trainer=driven(TRAINER, [1.0, 2.5, 3.0]), rollout=ROLLOUT, reward=driven(REWARD, [4.0, 4.0])))
+
+
 def test_components_on_other_node_groups_keep_their_placement() -> None:
     job = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": {
         "rollout,trainer": "0-1", "env": {"node_group": "node", "placement": "0:0-1"}}},
