@@ -12,15 +12,14 @@ import contextlib
 import importlib
 import os
 import runpy
-import signal
 import sys
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TextIO, TypeVar
 
+from hwplace.application.group_failure import GroupFailed, ended_by_group_failure
 from hwplace.application.notes import print_notes
 from hwplace.application.report import print_cluster, print_plan, print_sync_plans, sync_plans
 from hwplace.application.snapshots import (
@@ -47,7 +46,6 @@ from hwplace.inventory.local import local_cluster
 from hwplace.inventory.offline import fake_cluster
 from hwplace.planning.component import ComponentPlacement
 from hwplace.runtime.group import WorkerGroup, group_record
-from hwplace.runtime.restarts import on_group_failure
 from hwplace.runtime.weight_sync.sync import WeightSync
 from hwplace.runtime.worker import Worker
 
@@ -297,25 +295,6 @@ def leased_plan(cluster: Cluster, placement: ComponentPlacement) -> Iterator[Non
 
 
 @contextlib.contextmanager
-def ended_by_group_failure() -> Iterator[list[WorkerError]]:
-    """For the block (on the main thread): a group that uses up its restarts interrupts it (SIGINT to the main
-    thread, which wakes any wait) after recording its last death in the list yielded."""
-    failures: list[WorkerError] = []
-    main = threading.main_thread().ident
-
-    def failed(error: WorkerError) -> None:
-        failures.append(error)
-        if main is not None and threading.current_thread() is not threading.main_thread():
-            signal.pthread_kill(main, signal.SIGINT)
-
-    remove = on_group_failure(failed)
-    try:
-        yield failures
-    finally:
-        remove()
-
-
-@contextlib.contextmanager
 def _simulated(counts: list[int] | None, executor: str) -> Iterator[None]:
     """A throwaway local cluster of ``executor`` with ``counts`` fake accelerators on its nodes, for the block; or
     nothing."""
@@ -388,13 +367,13 @@ def run_job(
         print_plan(placement, out or sys.stdout)
         print_sync_plans(syncs, out or sys.stdout)
         print_notes(placement, out or sys.stdout)
-        with leased_plan(cluster, placement), ended_by_group_failure() as failures:
-            job = Job(job_config, cluster, placement, snapshots=folder, resume_from=resume_from)
-            try:
-                return entry(job)
-            except KeyboardInterrupt:
-                if failures:  # a group used up its restarts: the job ends with its last cause (SPEC §12)
-                    raise failures[0] from None
-                raise
-            finally:
-                job.shutdown()
+        failures: list[WorkerError] = []
+        try:
+            with leased_plan(cluster, placement), ended_by_group_failure(failures):
+                job = Job(job_config, cluster, placement, snapshots=folder, resume_from=resume_from)
+                try:
+                    return entry(job)
+                finally:
+                    job.shutdown()
+        except GroupFailed:  # a group used up its restarts: the job ends with its last cause (SPEC §12)
+            raise failures[0] from None

@@ -124,10 +124,16 @@ def main(job):
 """
 
 
-def test_a_group_that_uses_up_its_restarts_ends_the_job_with_its_last_cause(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sigint", [signal.default_int_handler, signal.SIG_IGN],
+                         ids=["from-a-terminal", "in-the-background"])  # `hwplace run job.yaml &` ignores SIGINT
+def test_a_group_that_uses_up_its_restarts_ends_the_job_with_its_last_cause(tmp_path: Path, sigint: Any) -> None:
     config = write_job(tmp_path, "doomed.yaml", DOOMED, doomed=DOOMED_ENTRY)
-    with process_cluster(1, 4):
-        code, out, err = run_job(str(config))
+    previous = signal.signal(signal.SIGINT, sigint)
+    try:
+        with process_cluster(1, 4):
+            code, out, err = run_job(str(config))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert (tmp_path / "waiting").exists()
     assert code == 1, err
     assert "restarts in place: 2 restarts per rank" in out

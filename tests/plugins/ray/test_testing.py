@@ -79,6 +79,10 @@ INTERRUPTED_START = r"""
 import json, os, signal, threading, time
 import hwplace
 
+# Ctrl-C as a terminal delivers it: a suite started in the background by a shell ignores SIGINT, and so would
+# this interpreter, which inherits that.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 def children():
     found = set()
     for entry in os.listdir("/proc"):
@@ -95,37 +99,26 @@ from hwplace.testing import local_ray_cluster
 def raylets():
     return [p for p in children() if open(f"/proc/{p}/comm").read().strip() == "raylet"]
 
-def interrupt_when_node_1_starts(attempt):
+def interrupt_when_node_1_starts():
     while len(raylets()) < 2:
-        if attempt["started"]:  # the whole start was quicker than this thread: no interrupt this time
-            return
         time.sleep(0.01)
-    if attempt["started"]:
-        return
-    attempt["sent"] = True
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
-# An attempt counts where the interrupt landed while the start ran. On a loaded machine the start can be over
-# before this thread looks, and an interrupt raised while Ray's code runs a finalizer is only printed there
-# ("Exception ignored"): then the same start is interrupted again, at most three times. No attempt may leave
-# a process behind.
-found = {"left": []}
-for _ in range(3):
-    attempt = {"started": False, "sent": False}
-    threading.Thread(target=interrupt_when_node_1_starts, args=(attempt,), daemon=True).start()
+threading.Thread(target=interrupt_when_node_1_starts, daemon=True).start()
+found = {}
+try:
+    with local_ray_cluster(4):  # two more nodes to start after node 1: time for the interrupt on a loaded machine
+        found["started"] = True
+except KeyboardInterrupt:
+    found["interrupted"] = True
+time.sleep(1)
+left = []
+for pid in children():  # zombies are not counted (their parent reaps them at its exit)
     try:
-        with local_ray_cluster(4):  # two more nodes to start after node 1: time for the interrupt
-            attempt["started"] = True
-    except KeyboardInterrupt:
-        found["interrupted"] = True
-    time.sleep(1)
-    for pid in children():  # zombies are not counted (their parent reaps them at its exit)
-        try:
-            found["left"].append(open(f"/proc/{pid}/comm").read().strip())
-        except OSError:
-            pass
-    if found.get("interrupted") or found["left"]:
-        break
+        left.append(open(f"/proc/{pid}/comm").read().strip())
+    except OSError:
+        pass
+found["left"] = left
 print(json.dumps(found))
 """
 
