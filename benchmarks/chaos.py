@@ -86,6 +86,8 @@ def worker_kills(settings: dict[str, Any], every: float, kills: int, seed: int) 
                 os.kill(int((pids / f"{name}-{rank}").read_text()), signal.SIGKILL)
                 kill["killed"] = time.monotonic()
                 done.append(kill)
+                print(f"chaos: kill {len(done)}: {name} rank {rank} (its restart {kill['attempt']})", file=sys.stderr,
+                      flush=True)
                 watchers.append(threading.Thread(target=until_serving, args=(job, kill, thread), daemon=True))
                 watchers[-1].start()
                 time.sleep(every * rng.uniform(0.5, 1.5))  # the next kill does not wait for this one's restart
