@@ -146,6 +146,7 @@ class Trainers:
     restarts: list[tuple[str, int, float]] = dataclasses.field(default_factory=list)
     kept: dict[str, Any] | None = None  # the state of the last step seen (rank 0's ``state`` in its result)
     counted: list[int] = dataclasses.field(default_factory=list)  # each rank's restarts in ``restarts`` so far
+    formed: list[int] | None = None  # each rank's restarts when the collective was last formed (None: at launch)
 
     def step(self, producers: Producers, call: Callable[[hwplace.WorkerGroup], hwplace.Handle],
              reform: Callable[[hwplace.WorkerGroup, int, Any], hwplace.Handle]) -> list[Any]:
@@ -153,6 +154,9 @@ class Trainers:
         form the collective anew with ``reform`` (which re-seeds the restarted rank from a live one, or from the
         state kept here when none is left), and call again. A failure that no restart explains is raised."""
         while True:
+            if self._restarted_since_formed():  # a rank died after its last step and is back (or coming back):
+                self._reform(producers, reform, [])  # its new process is in no collective yet
+                self._count(time.monotonic())
             ranks = range(self.group.world_size)
             outcomes = wait_all([call(self.group.execute_on(rank)) for rank in ranks], producers)
             failures = [o for o in outcomes if isinstance(o, BaseException)]
@@ -160,15 +164,25 @@ class Trainers:
                 self.kept = outcomes[0].pop("state", self.kept)
                 return outcomes
             died = time.monotonic()
-            if not any(isinstance(f, hwplace.WorkerError) and f.restarted for f in failures):
-                raise failures[0]
+            if not any(isinstance(f, hwplace.WorkerError) and f.restarted for f in failures) and \
+                    not self._restarted_since_formed():  # a peer's restart breaks the collective without failing
+                raise failures[0]  # this step's call to it (the call reached its new process)
             self._reform(producers, reform, failures)
-            statuses = self.group.status()
-            self.counted += [0] * (len(statuses) - len(self.counted))
-            for status in statuses:  # every restart since the last look, those during a reform too
-                self.restarts += [("trainer", status.rank, time.monotonic() - died)] * (status.restarts -
-                                                                                       self.counted[status.rank])
-                self.counted[status.rank] = status.restarts
+            self._count(died)
+
+    def _restarted_since_formed(self) -> bool:
+        """Whether a rank restarted (or is restarting) since the collective was last formed."""
+        restarts = [status.restarts for status in self.group.status()]
+        return restarts != (self.formed if self.formed is not None else [0] * len(restarts))
+
+    def _count(self, died: float) -> None:
+        """Record every restart since the last look, those during a reform too."""
+        statuses = self.group.status()
+        self.counted += [0] * (len(statuses) - len(self.counted))
+        for status in statuses:
+            self.restarts += [("trainer", status.rank, time.monotonic() - died)] * (status.restarts -
+                                                                                   self.counted[status.rank])
+            self.counted[status.rank] = status.restarts
 
     def _reform(self, producers: Producers, reform: Callable[[hwplace.WorkerGroup, int, Any], hwplace.Handle],
                 failures: list[BaseException]) -> None:
@@ -177,14 +191,18 @@ class Trainers:
                 for status in self.group.status():
                     if status.state == "dead":
                         raise hwplace.WorkerError(f"died and was not restarted: {status.cause}", group=self.group.name,
-                                                  rank=status.rank, node_rank=status.node_rank) from failures[0]
+                                                  rank=status.rank, node_rank=status.node_rank) \
+                            from (failures[0] if failures else None)
                 producers.check()
                 time.sleep(POLL / 5)
+            restarts = [status.restarts for status in self.group.status()]  # what this generation is formed of
             self.generation += 1
             outcomes = wait_all([reform(self.group.execute_on(rank), self.generation, self.kept)
                                  for rank in range(self.group.world_size)], producers)
             failures = [o for o in outcomes if isinstance(o, BaseException)]
             if not failures:
+                self.formed = restarts
                 return
-            if not any(isinstance(f, hwplace.WorkerError) and f.restarted for f in failures):
+            if not any(isinstance(f, hwplace.WorkerError) and f.restarted for f in failures) and \
+                    [status.restarts for status in self.group.status()] == restarts:
                 raise failures[0]
