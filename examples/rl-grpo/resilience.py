@@ -146,7 +146,11 @@ class Trainers:
     restarts: list[tuple[str, int, float]] = dataclasses.field(default_factory=list)
     kept: dict[str, Any] | None = None  # the state of the last step seen (rank 0's ``state`` in its result)
     counted: list[int] = dataclasses.field(default_factory=list)  # each rank's restarts in ``restarts`` so far
-    formed: list[int] | None = None  # each rank's restarts when the collective was last formed (None: at launch)
+    formed: list[int] = dataclasses.field(default_factory=list)  # each rank's restarts when the collective was
+    # last formed (none at launch)
+
+    def __post_init__(self) -> None:
+        self.formed = self.formed or [0] * self.group.world_size
 
     def step(self, producers: Producers, call: Callable[[hwplace.WorkerGroup], hwplace.Handle],
              reform: Callable[[hwplace.WorkerGroup, int, Any], hwplace.Handle]) -> list[Any]:
@@ -164,16 +168,23 @@ class Trainers:
                 self.kept = outcomes[0].pop("state", self.kept)
                 return outcomes
             died = time.monotonic()
-            if not any(isinstance(f, hwplace.WorkerError) and f.restarted for f in failures) and \
-                    not self._restarted_since_formed():  # a peer's restart breaks the collective without failing
-                raise failures[0]  # this step's call to it (the call reached its new process)
+            if self._unexplained(failures, self.formed):  # (a peer's restart breaks the collective without
+                raise failures[0]  # failing this step's call to it, when the call reached its new process)
             self._reform(producers, reform, failures)
             self._count(died)
 
+    def _restart_counts(self) -> list[int]:
+        return [status.restarts for status in self.group.status()]
+
     def _restarted_since_formed(self) -> bool:
         """Whether a rank restarted (or is restarting) since the collective was last formed."""
-        restarts = [status.restarts for status in self.group.status()]
-        return restarts != (self.formed if self.formed is not None else [0] * len(restarts))
+        return self._restart_counts() != self.formed
+
+    def _unexplained(self, failures: list[BaseException], formed: list[int]) -> bool:
+        """Whether no restart explains ``failures``: none says its rank restarted, and no rank restarted since
+        the collective was formed with restart counts ``formed``."""
+        return not any(isinstance(f, hwplace.WorkerError) and f.restarted for f in failures) and \
+            self._restart_counts() == formed
 
     def _count(self, died: float) -> None:
         """Record every restart since the last look, those during a reform too."""
@@ -195,7 +206,7 @@ class Trainers:
                             from (failures[0] if failures else None)
                 producers.check()
                 time.sleep(POLL / 5)
-            restarts = [status.restarts for status in self.group.status()]  # what this generation is formed of
+            restarts = self._restart_counts()  # what this generation is formed of
             self.generation += 1
             outcomes = wait_all([reform(self.group.execute_on(rank), self.generation, self.kept)
                                  for rank in range(self.group.world_size)], producers)
@@ -203,6 +214,5 @@ class Trainers:
             if not failures:
                 self.formed = restarts
                 return
-            if not any(isinstance(f, hwplace.WorkerError) and f.restarted for f in failures) and \
-                    [status.restarts for status in self.group.status()] == restarts:
+            if self._unexplained(failures, restarts):
                 raise failures[0]
