@@ -36,7 +36,6 @@ except ImportError:  # pragma: no cover - the suite installs the extras
 DIGESTS = ("xxh128", "crc32", "sha256")
 DEFAULT_DIGEST = "xxh128" if HAVE_XXHASH else "crc32"
 
-DEFAULT_BUCKET_BYTES = 64 * 2**20
 ALONE_BYTES = 4 * 2**20  # a tensor at least this large travels in a bucket of its own, without packing
 INLINE_BYTES = 4 * 2**20  # a version up to this size is packed whole before it is sent: its digests go first
 
