@@ -76,12 +76,14 @@ def two_nodes() -> Iterator[tuple[str, str, dict[str, str]]]:
         driver_env = {**base, "HOME": str(folder / "driver-home")}
         yield address, token, driver_env
     finally:
-        for process in reversed(started):
+        for process in started:
             process.send_signal(signal.SIGTERM)  # `ray start --block` ends the Ray processes it started
+        grace = time.monotonic() + 5  # the head, with a worker node attached, takes about 30 s to end its own
+        for process in started:
             try:
-                process.wait(timeout=60)
+                process.wait(timeout=max(0.1, grace - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+                os.killpg(process.pid, signal.SIGKILL)  # its session: the node's Ray processes (start_new_session)
                 process.wait()
         shutil.rmtree(folder, ignore_errors=True)
 
