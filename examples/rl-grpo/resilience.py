@@ -60,6 +60,7 @@ class _Call:
     args: tuple[Any, ...]
     handle: hwplace.Handle | None = None
     died: float = 0.0  # when the executor reported the death that the rank is restarting from
+    cause: str = ""  # what the report said
     results: list[Any] = dataclasses.field(default_factory=list)  # what each process of the rank returned
 
 
@@ -68,12 +69,12 @@ class Producers:
 
     ``check()`` calls ``feed`` (if given), then raises the ``WorkerError`` of a rank that died for good (no
     restarts left) and says which rank stopped producing otherwise; ``restarts`` lists, per restart, the
-    component, rank and seconds from the death's report to the call running again.
+    component, rank, seconds from the death's report to the call running again, and the death's cause.
     """
 
     def __init__(self, feed: Callable[[], None] | None = None) -> None:
         self.calls: dict[str, list[_Call]] = {}
-        self.restarts: list[tuple[str, int, float]] = []
+        self.restarts: list[tuple[str, int, float, str]] = []
         self.feed = feed  # called at every check: what keeps the producers fed
 
     def start(self, name: str, group: hwplace.WorkerGroup, method: str, *args: Any) -> None:
@@ -93,7 +94,7 @@ class Producers:
                     state = call.group.status()[call.rank].state
                     if state == "serving":
                         self._issue(call)
-                        self.restarts.append((name, call.rank, time.monotonic() - call.died))
+                        self.restarts.append((name, call.rank, time.monotonic() - call.died, call.cause))
                     continue
                 try:
                     call.results.extend(call.handle.wait(timeout=0))
@@ -102,7 +103,7 @@ class Producers:
                 except hwplace.WorkerError as failed:
                     if not failed.restarted:
                         raise
-                    call.handle, call.died = None, time.monotonic()
+                    call.handle, call.died, call.cause = None, time.monotonic(), str(failed).splitlines()[0]
                     continue
                 raise RuntimeError(f"the {name} worker of rank {call.rank} stopped producing before training "
                                    "was done")
@@ -143,7 +144,7 @@ class Trainers:
 
     group: hwplace.WorkerGroup
     generation: int = 0
-    restarts: list[tuple[str, int, float]] = dataclasses.field(default_factory=list)
+    restarts: list[tuple[str, int, float, str]] = dataclasses.field(default_factory=list)
     kept: dict[str, Any] | None = None  # the state of the last step seen (rank 0's ``state`` in its result)
     counted: list[int] = dataclasses.field(default_factory=list)  # each rank's restarts in ``restarts`` so far
     formed: list[int] = dataclasses.field(default_factory=list)  # each rank's restarts when the collective was
@@ -191,8 +192,8 @@ class Trainers:
         statuses = self.group.status()
         self.counted += [0] * (len(statuses) - len(self.counted))
         for status in statuses:
-            self.restarts += [("trainer", status.rank, time.monotonic() - died)] * (status.restarts -
-                                                                                   self.counted[status.rank])
+            self.restarts += [("trainer", status.rank, time.monotonic() - died, status.cause or "")] * (
+                status.restarts - self.counted[status.rank])
             self.counted[status.rank] = status.restarts
 
     def _reform(self, producers: Producers, reform: Callable[[hwplace.WorkerGroup, int, Any], hwplace.Handle],
