@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
-from hwplace.application.forecast import prediction_json, print_prediction, print_search, search_json
+from hwplace.application.forecast import prediction_json, print_measured, print_prediction, print_search, search_json
 from hwplace.application.hardware import hardware_command
 from hwplace.application.job import run_job
 from hwplace.application.notes import print_notes
@@ -165,11 +165,13 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if set(types) != {FAKE_ACCELERATOR}:
             raise ConfigError("--nodes", "a simulated cluster has fake accelerators only", value=args.nodes,
                               allowed="4x8 or 8,8,4 without a :type; plan other types with hwplace plan --nodes")
+    plans: list[ComponentPlacement] = []
     try:
         with _worker_output(args.worker_output), recording(args.trace, args.profile, config):
             result = run_job(config, accelerators_per_node=counts, out=out,
                              base=os.path.dirname(os.path.abspath(args.config)), job_name=_stem(args.config),
-                             snapshots=args.snapshots, resume=args.resume, keep_snapshots=args.keep_snapshots)
+                             snapshots=args.snapshots, resume=args.resume, keep_snapshots=args.keep_snapshots,
+                             planned=plans.append)
     except ConfigError as exc:  # the simulated cluster's shape is the option's mistake: name the option
         if exc.path != "accelerators_per_node":
             raise
@@ -186,6 +188,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for option, path in (("trace", args.trace), ("profile", args.profile)):
         if path is not None:
             out.write(f"{option}: {path}\n")
+    if args.profile is not None and plans:
+        print_measured(args.profile, plans[0], out)
     return 0
 
 

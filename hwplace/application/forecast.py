@@ -1,18 +1,23 @@
 """What ``hwplace plan --profile`` prints: the predicted step of the written plan, and with ``--search`` the
-best layouts of the job's components and the chosen ``component_placement:`` to paste (SPEC §13).
+best layouts of the job's components and the chosen ``component_placement:`` to paste; and after ``hwplace run
+--profile``, the run's measured step against its prediction (SPEC §13).
 
 Imports the layers below and :mod:`hwplace.application.report` (its table).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, TextIO
 
 from hwplace.application.report import table
+from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.sizes import format_size
 from hwplace.foundation.wording import plural
-from hwplace.planning.cost import Prediction
+from hwplace.planning.component import ComponentPlacement
+from hwplace.planning.cost import Prediction, predict
 from hwplace.planning.layouts import Candidate, Cell, SearchResult
+from hwplace.planning.profile import NotMeasured, parse_profile
 
 COST_MODEL = "docs/resources.md, 'The cost model'"
 
@@ -98,6 +103,27 @@ def print_prediction(prediction: Prediction, out: TextIO, *, profile: str = "the
     if prediction.unprofiled:
         out.write(f"  not in the profile, not predicted: {', '.join(prediction.unprofiled)}\n")
     out.write("\n")
+
+
+def print_measured(profile_file: str, plan: ComponentPlacement, out: TextIO) -> None:
+    """After ``hwplace run --profile FILE``: the run's step as measured (FILE's ``run``) against the cost model's
+    prediction of the run's plan from FILE itself."""
+    with open(profile_file, encoding="utf-8") as file:
+        data = json.load(file)
+    run = data.get("run")
+    if not run:
+        out.write("  measured against predicted: no group call was made at every step (twice or more on a rank), "
+                  "so the run has no step to measure\n")
+        return
+    measured = f"measured step {seconds_text(run['step_seconds'])} ({run['steps']} calls of {run['call']}, the " \
+               "first's start to the last's end)"
+    try:
+        predicted = predict(plan, parse_profile(data, profile_file)).step_seconds
+    except (NotMeasured, ConfigError) as exc:
+        out.write(f"  {measured}; not predicted: {exc}\n")
+        return
+    out.write(f"  {measured}; predicted {seconds_text(predicted)} from this profile (cost model: {COST_MODEL}): "
+              f"measured/predicted {run['step_seconds'] / predicted:.2f}x\n")
 
 
 def prediction_json(prediction: Prediction) -> dict[str, Any]:

@@ -315,6 +315,7 @@ def run_job(
     snapshots: str | os.PathLike[str] | None = None,
     resume: str | os.PathLike[str] | None = None,
     keep_snapshots: int = 2,
+    planned: Callable[[ComponentPlacement], None] | None = None,
 ) -> Any:
     """Run a job: connect the cluster, place every component, print the plan, call ``job.entrypoint``.
 
@@ -330,8 +331,8 @@ def run_job(
     (:func:`leased_plan`). ``job.snapshot`` writes into the folder ``snapshots`` (keeping the newest
     ``keep_snapshots``); ``resume`` names a folder whose newest snapshot the job continues from (and keeps its
     snapshots in, unless ``snapshots`` names another): the groups launched get their ranks' state back, channels
-    made with ``job.channel`` their items, and the entry point reads ``job.resumed``. Returns what the entry point
-    returns.
+    made with ``job.channel`` their items, and the entry point reads ``job.resumed``. ``planned`` is handed the
+    placement once it is made. Returns what the entry point returns.
     """
     def say(line: str) -> None:
         (out or sys.stdout).write(line + "\n")
@@ -363,6 +364,8 @@ def run_job(
         cluster = Cluster(cluster_cfg=cluster_config, job_name=job_name)
         print_cluster(cluster, out or sys.stdout)
         placement = ComponentPlacement(job_config, cluster)
+        if planned is not None:
+            planned(placement)
         syncs = sync_plans(job_config.weight_sync, placement)
         print_plan(placement, out or sys.stdout)
         print_sync_plans(syncs, out or sys.stdout)

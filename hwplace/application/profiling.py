@@ -88,6 +88,9 @@ def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResourc
             point["memory"] = dict(declared[group])
         components[group] = {"points": [point]}
     profile: dict[str, Any] = {"version": VERSION, "components": components}
+    measured = _measured_step(events, steps)
+    if measured:
+        profile["run"] = measured
     syncs: dict[str, int] = {}
     for found in events.values():
         for e in found:
@@ -97,6 +100,25 @@ def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResourc
     if syncs:
         profile["weight_sync"] = {name: {"bytes": amount} for name, amount in sorted(syncs.items())}
     return profile
+
+
+def _measured_step(events: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], steps: int) -> dict[str, Any]:
+    """The run's step as measured: the group call made ``steps`` times on a rank (the first such, by group and
+    name), and its seconds per step from the first of those calls' start to the last one's end on any rank; empty
+    when no call was made twice."""
+    calls: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
+    made: Counter[tuple[str, int, str]] = Counter()
+    for (group, rank), found in events.items():
+        for e in found:
+            if e.get("cat") == CALL:
+                calls[group, e["name"]].append(e)
+                made[group, rank, e["name"]] += 1
+    stepping = sorted({(group, name) for (group, _, name), count in made.items() if count == steps})
+    if steps < 2 or not stepping:
+        return {}
+    found = calls[stepping[0]]
+    window = max(e["ts"] + e["dur"] for e in found) - min(e["ts"] for e in found)
+    return {"call": ".".join(stepping[0]), "steps": steps, "step_seconds": window / steps / 1e6}
 
 
 def _stages(workers: Sequence[Sequence[Mapping[str, Any]]], steps: int,

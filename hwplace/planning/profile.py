@@ -48,7 +48,7 @@ SCALINGS = (DATA_PARALLEL,)
 DEFAULT_BANDWIDTH: Mapping[str, int] = FrozenDict({SAME_DEVICE: 200 * 1000**3, SAME_NODE: 20 * 1000**3,
                                                    OTHER_NODE: 10 * 1000**3})
 """Bytes per second a weight sync moves by each transport, unless a profile's ``bandwidth`` says otherwise."""
-_KEYS = ("version", "components", "weight_sync", "bandwidth")
+_KEYS = ("version", "components", "weight_sync", "bandwidth", "run")  # run: what the run measured (not predicted from)
 _COMPONENT_KEYS = ("points", "scaling")
 _POINT_KEYS = ("processes", "devices_per_process", "placement", "stages", "offload", "onload", "between", "spread",
                "memory")

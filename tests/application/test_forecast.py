@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -17,7 +18,8 @@ import yaml
 
 import hwplace
 from hwplace.application.cli import main
-from hwplace.testing import process_cluster
+from hwplace.application.forecast import print_measured, seconds_text
+from hwplace.testing import fake_cluster, process_cluster
 
 JOB: dict[str, Any] = {"cluster": {"num_nodes": 2, "component_placement": {"trainer,rollout": "0-3",
                                                             "env": {"node_group": "node", "placement": "0-1"}}},
@@ -183,14 +185,29 @@ def synthetic_job(job: hwplace.Job) -> dict[str, Any]:
     return {"steps": steps}
 
 
+MEASURED = re.compile(r"^  measured step (\S+ m?s) \((\d+) calls of trainer\.step, the first's start to the last's "
+                      r"end\); predicted (\S+ m?s) from this profile \(cost model: docs/resources\.md, 'The cost "
+                      r"model'\): measured/predicted (\d+\.\d\d)x$", re.MULTILINE)
+
+
 def run_synthetic(folder: Path, name: str, placement: dict[str, str]) -> tuple[Path, Path, float]:
     """Run the synthetic job placed so, with ``--profile``: its config, its profile and its measured step (the
-    median step after the first, which waits for the first items)."""
+    median step after the first, which waits for the first items). The run says its measured step against the
+    prediction of its plan from its own profile, as ``hwplace plan --profile`` of that plan predicts it."""
     config, profile, summary = folder / f"{name}.yaml", folder / f"{name}.json", folder / f"{name}.summary.json"
     config.write_text(yaml.safe_dump({"job": SYNTHETIC_JOB, "cluster": {
         "num_nodes": 1, "executor": "processes", "component_placement": placement}}))
-    code, _, err = run("run", str(config), "--profile", str(profile), "--summary", str(summary))
+    code, out, err = run("run", str(config), "--profile", str(profile), "--summary", str(summary))
     assert code == 0, err
+    [(measured, calls, predicted, ratio)] = MEASURED.findall(out)
+    assert int(calls) == SYNTHETIC_STEPS
+    code, planned, err = run("plan", str(config), "--nodes", "1x2", "--json", "--profile", str(profile))
+    assert code == 0, err
+    assert predicted == seconds_text(json.loads(planned)["prediction"]["step_seconds"])
+    recorded = json.loads(profile.read_text())["run"]
+    assert measured == seconds_text(recorded["step_seconds"])
+    assert float(ratio) == pytest.approx(recorded["step_seconds"] / json.loads(planned)["prediction"]["step_seconds"],
+                                         abs=0.006)
     steps = json.loads(summary.read_text())["steps"]
     return config, profile, statistics.median(steps[1:])
 
@@ -225,3 +242,26 @@ def test_synthetic_workers_the_chosen_plan_is_the_fastest_and_its_prediction_hol
     assert TRAIN <= predicted["apart"] <= 1.15 * TRAIN, predicted
     known = (TRAIN + GENERATE) / 2 + 4 * HAND_OVER
     assert known <= predicted["colocated"] <= 1.3 * known, predicted
+
+
+def test_after_a_run_its_measured_step_is_said_against_what_its_profile_predicts(files: tuple[str, str]) -> None:
+    _job, profile = files
+    plan = hwplace.ComponentPlacement(JOB, fake_cluster(JOB["cluster"], accelerators_per_node=4))
+    data = json.loads(Path(profile).read_text())
+    out = io.StringIO()
+    print_measured(profile, plan, out)  # no "run": nothing was called every step
+    assert out.getvalue() == ("  measured against predicted: no group call was made at every step (twice or more "
+                              "on a rank), so the run has no step to measure\n")
+    Path(profile).write_text(json.dumps({**data, "run": {"call": "trainer.train", "steps": 10, "step_seconds": 5.0}}))
+    out = io.StringIO()
+    print_measured(profile, plan, out)  # 4.55 s predicted (test_plan_with_a_profile_adds_the_prediction)
+    assert out.getvalue() == ("  measured step 5.000 s (10 calls of trainer.train, the first's start to the last's "
+                              "end); predicted 4.550 s from this profile (cost model: docs/resources.md, 'The cost "
+                              "model'): measured/predicted 1.10x\n")
+    data["components"]["rollout"]["points"] = [point(2, "generate", 3.0)]  # not at the plan's 4 processes
+    Path(profile).write_text(json.dumps({**data, "run": {"call": "trainer.train", "steps": 10, "step_seconds": 5.0}}))
+    out = io.StringIO()
+    print_measured(profile, plan, out)
+    assert out.getvalue().startswith("  measured step 5.000 s (10 calls of trainer.train, the first's start to the "
+                                     "last's end); not predicted: ")
+    assert "rollout" in out.getvalue()

@@ -42,6 +42,8 @@ def test_a_point_per_component_with_the_work_per_step_of_its_stages(tmp_path: Pa
     profile = build_profile(merge(tmp_path), placements={"trainer": "2-3", "rollout": "0-1"}, node_type="node")
     assert profile["version"] == 1
     assert profile["weight_sync"] == {"policy": {"bytes": 4096}}
+    # the run's step as measured: the call made every step, from the first one's start to the last one's end
+    assert profile["run"] == {"call": "trainer.step", "steps": 3, "step_seconds": pytest.approx(0.1)}
     (point,) = profile["components"]["trainer"]["points"]
     assert point["processes"] == 2
     assert point["devices_per_process"] == 1
@@ -124,3 +126,19 @@ def test_the_spread_of_a_step_is_measured_on_the_slowest_rank(tmp_path: Path) ->
     (point,) = build_profile(merge(tmp_path))["components"]["trainer"]["points"]
     assert point["stages"] == {"step": {"seconds": pytest.approx(0.06)}}
     assert point["spread"] == {"seconds": pytest.approx(statistics.stdev([0.1, 0.12, 0.1]))}
+
+
+def test_a_run_whose_calls_are_each_made_once_has_no_measured_step(tmp_path: Path) -> None:
+    write_worker(tmp_path, "rollout", 0, [("generate", "call", 0, 300)], devices=["fake-accelerator 0"])
+    write_worker(tmp_path, "trainer", 0, [("train", "call", 0, 250)], devices=["fake-accelerator 1"])
+    assert "run" not in build_profile(merge(tmp_path))
+
+
+def test_the_step_is_measured_on_every_rank_of_the_most_called_group_call(tmp_path: Path) -> None:
+    # rank 1's last step ends last (at 420 ms); rank 0's first starts first (at 10): four steps of 102.5 ms
+    write_worker(tmp_path, "trainer", 0, [("step", "call", 10 + 100 * i, 100 + 100 * i) for i in range(4)]
+                 + [("ack", "call", 5, 6)])
+    write_worker(tmp_path, "trainer", 1, [("step", "call", 20 + 100 * i, 120 + 100 * i) for i in range(4)])
+    write_worker(tmp_path, "env", 0, [("score", "call", 100 * i, 100 * i + 50) for i in range(3)])
+    assert build_profile(merge(tmp_path))["run"] == {"call": "trainer.step", "steps": 4,
+                                                      "step_seconds": pytest.approx(0.1025)}
