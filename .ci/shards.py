@@ -2,8 +2,8 @@
 ``pytest ARGS`` alone instead).
 
 Most of the suite's wall time is spent waiting (worker processes starting, Ray clusters coming up, deaths being
-noticed, a fresh clone's install), not computing: on the 2-core CI machine the whole suite took about 21 minutes
-in one process, and the two shards below about 14 minutes side by side. Each shard is a pytest session of its own,
+noticed, a fresh clone's install), not computing: on the 2-core CI machine the whole suite took 21 minutes in one
+process, and the two shards below 13 minutes side by side. Each shard is a pytest session of its own,
 with its own local Ray cluster and its own temporary folder, so nothing is shared between them but the machine.
 
 The split is by folder, each shard about half the time: the Ray plugin's tests, the quick start on a fresh clone,
