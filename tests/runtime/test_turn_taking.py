@@ -137,6 +137,14 @@ def drain(log: hwplace.Channel, queue_name: str) -> list[Any]:
     return got
 
 
+def entered(log: hwplace.Channel, accelerator: str, group: str) -> None:
+    """Until ``group``'s worker records that it entered its turn on ``accelerator``: it holds the turn now. Records
+    before it are passed over: this turn's onload, or one of an earlier call's (``nested()`` onloads after the other
+    group's turns, and records nothing else), which says nothing of this turn."""
+    while log.get(queue_name=accelerator, timeout=60) != ("enter", group):
+        pass
+
+
 def runs(events: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
     """The events split into maximal runs of one group: ``[(group, [what, ...]), ...]``."""
     split: list[tuple[str, list[str]]] = []
@@ -197,7 +205,7 @@ def test_turns_are_reentrant_and_a_timeout_names_the_holder(groups: dict[str, hw
                                                             log: hwplace.Channel) -> None:
     assert groups["trainer"].nested().wait(timeout=60) == ["nested", "nested"]
     holding = groups["trainer"].execute_on(1).hold_until_told()
-    assert log.get(queue_name="acc1", timeout=60)[0] in ("onload", "enter")  # the trainer holds its turn
+    entered(log, "acc1", "turns-trainer")
     [message] = groups["rollout"].execute_on(1).ask_for_turn(0.5).wait(timeout=60)
     assert message == ("TimeoutError: turns-rollout rank 1: no turn on fake-accelerator 1 within 0.5 s "
                        "(held by turns-trainer rank 1)")
@@ -227,7 +235,7 @@ def test_a_holder_killed_in_its_turn_releases_it(groups: dict[str, hwplace.Worke
 def test_a_timeout_holds_while_another_coroutine_of_the_worker_waits(groups: dict[str, hwplace.WorkerGroup],
                                                                      log: hwplace.Channel) -> None:
     holding = groups["trainer"].execute_on(0).hold_once()
-    assert log.get(queue_name="acc0", timeout=60)[0] in ("onload", "enter")  # the trainer holds its turn
+    entered(log, "acc0", "turns-trainer")
     waiting = groups["rollout"].execute_on(0).two_waiters()
     second = log.get(queue_name="second", timeout=30)  # without the fix: it waits for the first one's turn
     assert second == ("TimeoutError: turns-rollout rank 0: no turn on fake-accelerator 0 within 1 s (another call "
@@ -249,7 +257,7 @@ def test_coroutines_of_one_worker_take_turns_at_once(groups: dict[str, hwplace.W
 def test_a_cancelled_wait_for_a_turn_leaves_no_turn_held(groups: dict[str, hwplace.WorkerGroup],
                                                          log: hwplace.Channel) -> None:
     holding = groups["trainer"].execute_on(0).hold_once()
-    assert log.get(queue_name="acc0", timeout=60)[0] in ("onload", "enter")
+    entered(log, "acc0", "turns-trainer")
     waiting = groups["rollout"].execute_on(0).wait_for_turn()
     assert log.get(queue_name="asking", timeout=60) == "turns-rollout"
     time.sleep(0.5)  # its request reaches the arbiter
