@@ -9,14 +9,21 @@ answered one call:
   some 18 GiB).
 Then it stops them. The table shows the median over ``--repeat`` runs and hwplace's ratio to each.
 
+A worker process imports about 70 of hwplace's modules. Where their bytecode is not cached (an editable
+install under ``PYTHONDONTWRITEBYTECODE=1``: no ``__pycache__`` is written), every worker compiles them, about
+65 ms of CPU each on the 2-core machine; a wheel install (pip compiles it) or ``python -m compileall hwplace
+plugins`` caches it. The first line says which case was measured.
+
 Run: python benchmarks/group_launch.py [--sizes 4,16,64] [--repeat 3] [--rlinf-sizes 4,16]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -47,6 +54,17 @@ def bare_ray(n: int, node_id: str) -> float:
     for actor in actors:
         ray.kill(actor)
     return seconds
+
+
+def bytecode_state() -> str:
+    """Whether the hwplace modules this process has loaded have cached bytecode, which a worker then loads."""
+    files = [module.__file__ for name, module in list(sys.modules.items())
+             if name.split(".")[0] in ("hwplace", "hwplace_plugins") and getattr(module, "__file__", None)]
+    cached = sum(os.path.exists(importlib.util.cache_from_source(f)) for f in files if f.endswith(".py"))
+    if cached == len(files):
+        return f"hwplace's bytecode cached ({cached} modules loaded here)"
+    return (f"hwplace's bytecode cached for {cached} of {len(files)} modules loaded here: each worker compiles the "
+            f"rest (`python -m compileall hwplace plugins` caches them)")
 
 
 def with_hwplace(n: int, cluster: hwplace.Cluster, run: int) -> float:
@@ -82,6 +100,7 @@ def main() -> None:
     print(f"ray {ray.__version__}, hwplace {hwplace.__version__}"
           + (f", rlinf {rlinf_baseline.RLINF_VERSION}" if rlinf_baseline.RLINF_VERSION else "")
           + f"; {os.cpu_count()} CPUs; median of {args.repeat} runs, seconds until every worker answered once")
+    print(bytecode_state())
     header = f"{'workers':>8}" + "".join(f"{name:>11}" for name in sides) + f"{'hw/bare':>9}"
     if "rlinf" in sides:
         header += f"{'hw/rlinf':>10}"
