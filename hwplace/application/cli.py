@@ -167,7 +167,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                               allowed="4x8 or 8,8,4 without a :type; plan other types with hwplace plan --nodes")
     plans: list[ComponentPlacement] = []
     try:
-        with _worker_output(args.worker_output), recording(args.trace, args.profile, config):
+        with _worker_output(args.worker_output), recording(args.trace, args.profile, config) as recorded:
             result = run_job(config, accelerators_per_node=counts, out=out,
                              base=os.path.dirname(os.path.abspath(args.config)), job_name=_stem(args.config),
                              snapshots=args.snapshots, resume=args.resume, keep_snapshots=args.keep_snapshots,
@@ -188,8 +188,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     for option, path in (("trace", args.trace), ("profile", args.profile)):
         if path is not None:
             out.write(f"{option}: {path}\n")
-    if args.profile is not None and plans:
-        print_measured(args.profile, plans[0], out)
+    if args.profile is not None and recorded.profile is not None and plans:
+        print_measured(recorded.profile, args.profile, plans[0], out)
     return 0
 
 

@@ -7,7 +7,7 @@ Imports the layers below and :mod:`hwplace.application.report` (its table).
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from hwplace.application.report import table
@@ -105,11 +105,9 @@ def print_prediction(prediction: Prediction, out: TextIO, *, profile: str = "the
     out.write("\n")
 
 
-def print_measured(profile_file: str, plan: ComponentPlacement, out: TextIO) -> None:
-    """After ``hwplace run --profile FILE``: the run's step as measured (FILE's ``run``) against the cost model's
-    prediction of the run's plan from FILE itself."""
-    with open(profile_file, encoding="utf-8") as file:
-        data = json.load(file)
+def print_measured(data: Mapping[str, Any], profile_file: str, plan: ComponentPlacement, out: TextIO) -> None:
+    """After ``hwplace run --profile FILE``: the run's step as measured (the ``run`` of ``data``, the profile
+    written to FILE) against the cost model's prediction of the run's plan from that profile itself."""
     run = data.get("run")
     if not run:
         out.write("  measured against predicted: no group call was made at every step (twice or more on a rank), "

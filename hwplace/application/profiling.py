@@ -56,9 +56,9 @@ def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResourc
     for owner in tracks.values():
         held = [d for d in owner.get("devices", []) if node_type is None or not d.startswith(f"{node_type} ")]
         devices[owner["group"]] = max(devices.get(owner["group"], 1), len(held))
-    counts = [n for found in events.values()
-              for n in Counter(e["name"] for e in found if e.get("cat") == CALL).values()]
-    steps = max(counts, default=1)  # the calls of the most often called method on one rank
+    made = Counter((group, rank, e["name"]) for (group, rank), found in events.items() for e in found
+                   if e.get("cat") == CALL)  # each rank's calls of each method
+    steps = max(made.values(), default=1)  # the calls of the most often called method on one rank
     every = [(e["ts"], e["ts"] + e["dur"]) for found in events.values() for e in found if e.get("cat") != IDLE]
     run = max(end for _, end in every) - min(start for start, _ in every) if every else 0.0
     groups = sorted({group for group, _ in events})
@@ -88,7 +88,7 @@ def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResourc
             point["memory"] = dict(declared[group])
         components[group] = {"points": [point]}
     profile: dict[str, Any] = {"version": VERSION, "components": components}
-    measured = _measured_step(events, steps)
+    measured = _measured_step(events, made, steps)
     if measured:
         profile["run"] = measured
     syncs: dict[str, int] = {}
@@ -102,21 +102,17 @@ def build_profile(trace: Mapping[str, Any], resources: Sequence[ComponentResourc
     return profile
 
 
-def _measured_step(events: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], steps: int) -> dict[str, Any]:
-    """The run's step as measured: the group call made ``steps`` times on a rank (the first such, by group and
-    name), and its seconds per step from the first of those calls' start to the last one's end on any rank; empty
-    when no call was made twice."""
-    calls: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
-    made: Counter[tuple[str, int, str]] = Counter()
-    for (group, rank), found in events.items():
-        for e in found:
-            if e.get("cat") == CALL:
-                calls[group, e["name"]].append(e)
-                made[group, rank, e["name"]] += 1
+def _measured_step(events: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]],
+                   made: Mapping[tuple[str, int, str], int], steps: int) -> dict[str, Any]:
+    """The run's step as measured: the group call made ``steps`` times on a rank (``made``: each rank's calls of
+    each method; the first such, by group and name), and its seconds per step from the first of those calls' start
+    to the last one's end on any rank; empty when no call was made twice."""
     stepping = sorted({(group, name) for (group, _, name), count in made.items() if count == steps})
     if steps < 2 or not stepping:
         return {}
-    found = calls[stepping[0]]
+    group, name = stepping[0]
+    found = [e for (g, _), spans in events.items() if g == group for e in spans
+             if e.get("cat") == CALL and e["name"] == name]
     window = max(e["ts"] + e["dur"] for e in found) - min(e["ts"] for e in found)
     return {"call": ".".join(stepping[0]), "steps": steps, "step_seconds": window / steps / 1e6}
 

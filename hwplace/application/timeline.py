@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,23 @@ from hwplace.plugin.session import get_plugin_manager
 FORMAT = "hwplace-trace/1"
 
 
+@dataclass
+class Recorded:
+    """What :func:`recording` wrote, once its block has ended: the profile (None without a profile file)."""
+
+    profile: dict[str, Any] | None = None
+
+
 @contextlib.contextmanager
-def recording(trace_file: str | None, profile_file: str | None, config: JobConfig | None = None) -> Iterator[None]:
+def recording(trace_file: str | None, profile_file: str | None,
+              config: JobConfig | None = None) -> Iterator[Recorded]:
     """For the block, workers launched from this process record spans; after it (also when it raises: the trace
     of a failed run is the one worth reading) the trace goes to ``trace_file`` and the profile to ``profile_file``
-    (with the placements and declared memory of ``config``). Nothing when both are ``None``."""
+    (with the placements and declared memory of ``config``), which the yielded :class:`Recorded` then holds too.
+    Nothing when both are ``None``."""
+    recorded = Recorded()
     if trace_file is None and profile_file is None:
-        yield
+        yield recorded
         return
     for option, path in (("--trace", trace_file), ("--profile", profile_file)):
         if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
@@ -44,7 +55,7 @@ def recording(trace_file: str | None, profile_file: str | None, config: JobConfi
     before = os.environ.get(TRACE_DIR)
     os.environ[TRACE_DIR] = folder
     try:
-        yield
+        yield recorded
     finally:
         if before is None:
             os.environ.pop(TRACE_DIR, None)
@@ -57,8 +68,9 @@ def recording(trace_file: str | None, profile_file: str | None, config: JobConfi
             if profile_file is not None:
                 placements = {name: spec.placement for name, spec in config.cluster.components.items()} \
                     if config is not None else {}
-                write_json(build_profile(trace, config.resources if config is not None else (), placements,
-                                         get_plugin_manager().node_backend().name), profile_file)
+                recorded.profile = build_profile(trace, config.resources if config is not None else (), placements,
+                                                 get_plugin_manager().node_backend().name)
+                write_json(recorded.profile, profile_file)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 

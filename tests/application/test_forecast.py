@@ -249,19 +249,18 @@ def test_after_a_run_its_measured_step_is_said_against_what_its_profile_predicts
     plan = hwplace.ComponentPlacement(JOB, fake_cluster(JOB["cluster"], accelerators_per_node=4))
     data = json.loads(Path(profile).read_text())
     out = io.StringIO()
-    print_measured(profile, plan, out)  # no "run": nothing was called every step
+    print_measured(data, profile, plan, out)  # no "run": nothing was called every step
     assert out.getvalue() == ("  measured against predicted: no group call was made at every step (twice or more "
                               "on a rank), so the run has no step to measure\n")
-    Path(profile).write_text(json.dumps({**data, "run": {"call": "trainer.train", "steps": 10, "step_seconds": 5.0}}))
     out = io.StringIO()
-    print_measured(profile, plan, out)  # 4.55 s predicted (test_plan_with_a_profile_adds_the_prediction)
+    print_measured({**data, "run": {"call": "trainer.train", "steps": 10, "step_seconds": 5.0}}, profile, plan,
+                   out)  # 4.55 s predicted (test_plan_with_a_profile_adds_the_prediction)
     assert out.getvalue() == ("  measured step 5.000 s (10 calls of trainer.train, the first's start to the last's "
                               "end); predicted 4.550 s from this profile (cost model: docs/resources.md, 'The cost "
                               "model'): measured/predicted 1.10x\n")
     data["components"]["rollout"]["points"] = [point(2, "generate", 3.0)]  # not at the plan's 4 processes
-    Path(profile).write_text(json.dumps({**data, "run": {"call": "trainer.train", "steps": 10, "step_seconds": 5.0}}))
     out = io.StringIO()
-    print_measured(profile, plan, out)
+    print_measured({**data, "run": {"call": "trainer.train", "steps": 10, "step_seconds": 5.0}}, profile, plan, out)
     assert out.getvalue().startswith("  measured step 5.000 s (10 calls of trainer.train, the first's start to the "
                                      "last's end); not predicted: ")
     assert "rollout" in out.getvalue()

@@ -117,10 +117,11 @@ def test_merge_names_a_process_per_node_and_a_track_per_worker_thread(tmp_path: 
 def test_recording_gives_workers_a_folder_and_writes_the_files_even_when_the_run_fails(tmp_path: Path) -> None:
     trace_file, profile_file = tmp_path / "t.json", tmp_path / "p.json"
     before = os.environ.get(TRACE_DIR)
-    folders = []
+    folders, records = [], []
 
     def failing_run() -> None:
-        with recording(str(trace_file), str(profile_file)):
+        with recording(str(trace_file), str(profile_file)) as recorded:
+            records.append(recorded)
             folders.append(Path(os.environ[TRACE_DIR]))
             write_worker(folders[0], "trainer", 0, [("step", "call", 0, 1)])
             raise RuntimeError("the job failed")
@@ -132,7 +133,9 @@ def test_recording_gives_workers_a_folder_and_writes_the_files_even_when_the_run
     assert not folder.exists()
     assert [e["name"] for e in json.loads(trace_file.read_text())["traceEvents"] if e["ph"] == "X"] == ["step"]
     assert list(json.loads(profile_file.read_text())["components"]["trainer"]["points"][0]["stages"]) == ["step"]
-    with recording(None, None):
+    assert records[0].profile == json.loads(profile_file.read_text())  # what was written, for the caller
+    with recording(None, None) as recorded:
+        assert recorded.profile is None
         assert os.environ.get(TRACE_DIR) == before
     with pytest.raises(ConfigError, match="--profile: names a file in a folder that does not exist"), \
             recording(None, str(tmp_path / "nowhere" / "p.json")):
