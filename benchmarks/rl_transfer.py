@@ -7,15 +7,16 @@ timing includes making them. Each figure is the median of ``--repeat`` runs, the
 
 Weight sync of 1, 10 and 100 MB to two rollout ranks (the trainer's rank 0 publishes, both ranks wait for
 that version with ``latest(min_version=v)`` and read a value of it):
-- one node (trainer and both rollout ranks on node 0): against one copy of the state dict in the trainer (torch
-  ``copy_`` into tensors made before, timed in the worker: the floor, as a same-node sync needs one write by the
-  source and an in-place read by each target; target at 100 MB: at most 2x), against one ``ray.put`` of the same
-  arrays in the trainer plus a ``ray.get`` on each rank (target: at most 1.2x at 1 MB), and against relaying
-  through the driver (target: hwplace at least 3x faster), two ways: "driver relay (numpy)" returns numpy views
-  of the tensors, which Ray maps from its object store without a copy at every hop (a relay few users write);
-  "driver relay (torch)" is what an RL user writes: the trainer's method returns its state dict of torch
-  tensors, the driver gets it and passes it to the rollout ranks' method (each tensor pickled with its bytes at
-  every hop);
+- one node (trainer and both rollout ranks on node 0), also timed in the workers ("hwplace in workers": from the
+  start of the trainer's ``publish`` to the last rank's read of the version, on the node's one monotonic clock,
+  leaving out the driver's calls, which a training loop does not make): against one copy of the state dict in the
+  trainer (torch ``copy_`` into tensors made before, timed in the worker: the floor, as a same-node sync needs one
+  write by the source and an in-place read by each target; target at 100 MB: at most 2x), against one ``ray.put`` of
+  the same arrays in the trainer plus a ``ray.get`` on each rank (target: at most 1.2x at 1 MB), and against
+  relaying through the driver (target: hwplace at least 3x faster), two ways: "driver relay (numpy)" returns numpy
+  views of the tensors, which Ray maps from its object store without a copy at every hop (a relay few users write);
+  "driver relay (torch)" is what an RL user writes: the trainer's method returns its state dict of torch tensors,
+  the driver gets it and passes it to the rollout ranks' method (each tensor pickled with its bytes at every hop);
 - two nodes (trainer on node 0, both rollout ranks on node 1): against a bare gloo broadcast of the same bytes
   (one flat uint8 tensor) between the same three processes (target: at most 1.3x).
 
@@ -49,6 +50,7 @@ from hwplace.testing import local_ray_cluster
 
 MB = 10**6
 MEMCPY = "one memcpy (in worker)"
+IN_WORKERS = "hwplace in workers"
 
 
 def state_dict(megabytes: int) -> dict[str, torch.Tensor]:
@@ -65,12 +67,17 @@ class Bench(hwplace.Worker):
     def prepare(self, megabytes: int) -> None:
         self.states[megabytes] = state_dict(megabytes)
 
-    def publish(self, sync: hwplace.WeightSync, megabytes: int) -> int:
-        return sync.publish(self.states[megabytes])
+    def publish(self, sync: hwplace.WeightSync, megabytes: int) -> float:
+        """Publish; returns when it began (the node's CLOCK_MONOTONIC, which every process of the node shares)."""
+        begin = time.monotonic()
+        sync.publish(self.states[megabytes])
+        return begin
 
-    def wait_version(self, sync: hwplace.WeightSync, version: int) -> int:
+    def wait_version(self, sync: hwplace.WeightSync, version: int) -> float:
+        """Wait for ``version`` and read a value of it; returns when that was done (CLOCK_MONOTONIC)."""
         weights = sync.latest(min_version=version, timeout=300)
-        return int(float(weights.tensors["layer3.weight"][-1]))
+        assert int(float(weights.tensors["layer3.weight"][-1])) == 3
+        return time.monotonic()
 
     def memcpy(self, megabytes: int) -> float:
         """Seconds one copy of the state dict takes in this worker (torch ``copy_`` into tensors made before)."""
@@ -141,10 +148,12 @@ class RaySource:
             ray.get(sink.take.remote(item))
 
 
-def timed(start: Callable[[], list[Any]]) -> float:
+def timed(start: Callable[[], list[Any]], results: list[Any] | None = None) -> float:
     begin = time.perf_counter()
     for handle in start():
-        handle.wait(timeout=600) if hasattr(handle, "wait") else ray.get(handle, timeout=600)
+        got = handle.wait(timeout=600) if hasattr(handle, "wait") else ray.get(handle, timeout=600)
+        if results is not None:
+            results.append(got)
     return time.perf_counter() - begin
 
 
@@ -165,12 +174,14 @@ def weight_sync_rows(cluster: hwplace.Cluster, nodes: list[int], sizes: list[int
             h.wait(timeout=120)
     where = "one node" if nodes[0] == 0 else "two nodes"
     print(f"weight sync to two rollout ranks, {where}: {', '.join(sync.plan[i].transport for i in range(2))}")
-    print(f"  {'MB':>4}  {'hwplace s':>10}  " + "  ".join(f"{b + ' s':>22}  {'ratio':>6}" for b in baselines))
+    inside = IN_WORKERS if nodes[0] == 0 else None  # one node: one clock for the source and its targets
+    print(f"  {'MB':>4}  {'hwplace s':>10}  " + "  ".join(f"{b + ' s':>22}  {'ratio':>6}" for b in baselines)
+          + (f"  {inside + ' s':>22}  {'/memcpy':>7}" if inside else ""))
     version = 0
     for megabytes in sizes:
         for group in (trainer, rollout):
             group.prepare(megabytes).wait(timeout=120)
-        runs: dict[str, list[float]] = {"hwplace": [], **{b: [] for b in baselines}}
+        runs: dict[str, list[float]] = {"hwplace": [], IN_WORKERS: [], **{b: [] for b in baselines}}
         for attempt in range(repeat + 1):  # the first round warms every path up and is not counted
             version += 1
             v = version
@@ -199,14 +210,21 @@ def weight_sync_rows(cluster: hwplace.Cluster, nodes: list[int], sizes: list[int
                       "gloo broadcast": bcast}
             order = ["hwplace", *baselines] if attempt % 2 else [*baselines, "hwplace"]
             for system in order:
+                results: list[Any] = []
                 if system == MEMCPY:
                     [seconds] = trainer.memcpy(megabytes).wait(timeout=120)
                 else:
-                    seconds = timed(ours if system == "hwplace" else chosen[system])
+                    seconds = timed(ours if system == "hwplace" else chosen[system], results)
                 if attempt:
                     runs[system].append(seconds)
+                    if system == "hwplace":  # from the publish call's start to the last target's read
+                        [begin], ends = results[0], results[1]
+                        runs[IN_WORKERS].append(max(ends) - begin)
         mine = median(runs["hwplace"])
         cells = "  ".join(f"{median(runs[b]):>22.4f}  {mine / median(runs[b]):>6.2f}" for b in baselines)
+        if inside:
+            within = median(runs[IN_WORKERS])
+            cells += f"  {within:>22.4f}  {within / median(runs[MEMCPY]):>7.2f}"
         print(f"  {megabytes:>4}  {mine:>10.4f}  {cells}")
     print("  ratio: hwplace's time over the baseline's\n")
     trainer.shutdown()

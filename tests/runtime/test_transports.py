@@ -54,7 +54,7 @@ class Mailbox:
     def __init__(self) -> None:
         self.note: Announcement | None = None
 
-    def newest(self, after: int, timeout: float | None) -> Any:
+    def newest(self, after: int, timeout: float | None, early: int | None = None) -> Any:
         return (self.note, None) if self.note is not None and self.note.version > after else None
 
     def close(self) -> None:

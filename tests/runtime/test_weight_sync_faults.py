@@ -5,6 +5,7 @@ for its first version, segments the source let go, and tensors a target writes i
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any
 from unittest import mock
@@ -30,7 +31,7 @@ def filled(version: int, size: int = 64) -> dict[str, Any]:
 
 
 def values(weights: hwplace.Weights) -> list[float]:
-    return sorted({float(v) for t in weights.tensors.values() for v in torch.as_tensor(t).float().reshape(-1)})
+    return sorted({float(v) for t in weights.tensors.values() for v in torch.unique(torch.as_tensor(t).float())})
 
 
 class Patient(hwplace.Worker):
@@ -50,10 +51,12 @@ class Source(Patient):
             return f"WeightSyncError: {exc}"
 
     def segments(self) -> set[int]:
-        """The inodes of the segments this source process holds now, for every weight sync it publishes."""
-        pools = [state.source.same_node.segments for state in sync_module._states().values()
-                 if state.source is not None]
-        return {segment.inode for pool in pools if pool is not None for segment in pool._segments}
+        """The inodes of the segments this source process holds now, and of their pools' boards, for every weight
+        sync it publishes."""
+        nodes = [state.source.same_node for state in sync_module._states().values() if state.source is not None]
+        boards = {os.fstat(node.board.fd).st_ino for node in nodes if node.board is not None}
+        return boards | {segment.inode for node in nodes if node.segments is not None
+                         for segment in node.segments._segments}
 
     def publish_corrupted(self, sync: hwplace.WeightSync, version: int, size: int = 64) -> int:
         real = buckets.pack
@@ -162,6 +165,32 @@ def test_a_corrupted_version_nobody_read_gives_way_to_the_next(groups, size: int
     assert source.publish_corrupted(sync, 4, size).wait(timeout=60) == [4]
     assert source.publish(sync, 5, size).wait(timeout=60) == [5]
     assert target.latest(sync, 5).wait(timeout=60) == [(5, [5.0])] * 3  # asked once it was superseded
+
+
+def test_a_corrupted_version_is_refused_by_every_target_of_the_node_that_one_of_them_checked(cluster) -> None:
+    # two targets on the source's node wait for a version large enough to be checked once for the node while it
+    # is written: whichever checks it, both refuse the corrupted one and keep the version before
+    size = transports.EARLY_BYTES // 4 + 1000
+    source = Source.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="node-check-source")
+    target = Target.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 0]), name="node-check-target")
+    try:
+        sync = hwplace.WeightSync.create("node-check", source="node-check-source", targets=("node-check-target",))
+        assert [p.transport for p in sync.plan] == ["same-node", "same-node"]
+        waiting = target.latest(sync, 1)
+        assert source.publish(sync, 1, size).wait(timeout=60) == [1]
+        assert waiting.wait(timeout=60) == [(1, [1.0])] * 2
+        asking = target.latest_or_error(sync, 2)
+        assert source.publish_corrupted(sync, 2, size).wait(timeout=60) == [2]
+        for answer in asking.wait(timeout=120):
+            assert answer.startswith("WeightSyncError: "), answer
+            assert "does not match its digest" in answer, answer
+        assert target.latest(sync, 1).wait(timeout=60) == [(1, [1.0])] * 2  # the version before stays
+        waiting = target.latest(sync, 3)
+        assert source.publish(sync, 3, size).wait(timeout=60) == [3]
+        assert waiting.wait(timeout=60) == [(3, [3.0])] * 2
+    finally:
+        source.shutdown()
+        target.shutdown()
 
 
 def test_what_cannot_travel_exactly_is_refused_by_key_and_nothing_is_sent(groups) -> None:

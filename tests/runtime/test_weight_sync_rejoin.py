@@ -98,9 +98,10 @@ class Rollout(hwplace.Worker):
             step = dying_at(4, lambda buffer: buffer)  # one count per version received
             return (step(buffer) for buffer in fill), held
 
-        def fill(pool: Any, version: int, lengths: Any, write: Any) -> Any:
+        def fill(pool: Any, version: int, lengths: Any, write: Any, started: Any = None) -> Any:
             step = dying_at(4, lambda view: view)
-            return real_fill(pool, version, lengths, lambda views: write(step(view) for view in views))
+            return real_fill(pool, version, lengths, lambda views, done: write((step(view) for view in views), done),
+                             started)
 
         with mock.patch.object(links_module, "receiving", receiving), \
                 mock.patch.object(segments_module.SegmentPool, "fill", fill):

@@ -1,6 +1,7 @@
 """What a weight sync's link carries: each version's :class:`Announcement` (where the version lies: in the
 announcement itself, :class:`InlineVersion`; in a segment of a node,
-:class:`~hwplace.runtime.weight_sync.segments.SegmentRef`; in the source's device buckets,
+:class:`~hwplace.runtime.weight_sync.segments.SegmentRef`, after a :class:`Writing` note while the source writes it;
+in the source's device buckets,
 :class:`~hwplace.runtime.weight_sync.device_ring.RingDescriptor`; or following it on the link, :class:`Follows`),
 and how a value travels on a link: :func:`frames` (one fixed-size buffer, a second for the rest of a large pickle),
 read back by :func:`recv_pickle`. Imports the records of the segments and device-ring modules; torch is passed in.
@@ -33,7 +34,16 @@ class Follows:
     digests_follow: bool = False
 
 
-Where = InlineVersion | SegmentRef | RingDescriptor | Follows
+@dataclass(frozen=True)
+class Writing:
+    """The source is writing the version into ``segment`` now; its announcement (where it lies, with its digests)
+    follows once it is written. One target waiting for it may check it for the node meanwhile
+    (:func:`~hwplace.runtime.weight_sync.node_check.check_while_written`); none takes a version from this."""
+
+    segment: SegmentRef
+
+
+Where = InlineVersion | SegmentRef | RingDescriptor | Follows | Writing
 
 
 @dataclass(frozen=True)

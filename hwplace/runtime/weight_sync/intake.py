@@ -5,7 +5,9 @@ The receiver (:class:`~hwplace.runtime.weight_sync.links.Receiver`) keeps the ne
 caller's thread: nothing is copied behind the caller's back (on a shared GPU, never while the trainer holds its
 turn). A version whose buckets or segment hold a newer one by then is skipped for that one; a version that does not
 match its digests is a ``WeightSyncError``, once, and the previous one stays the latest; while a version of at
-least ``min_version`` is awaited, older ones are not taken. The target keeps the newest version it took, and
+least ``min_version`` is awaited, older ones are not taken, and one the source is writing into the node's
+shared memory is hashed bucket by bucket as it is written (it becomes the latest only once announced whole and
+its digests match). The target keeps the newest version it took, and
 each ``latest()`` call gets tensors of its own: copy-on-write views of a version in host memory
 (:class:`~hwplace.runtime.weight_sync.transports.HostVersion`), a copy from the source's device buckets of a same-device
 one, into the buffer of the one before when nothing else holds that any more; ``load_into`` copies one
@@ -21,7 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from hwplace.runtime.messaging.communicator import torch_module
-from hwplace.runtime.weight_sync.announcements import Announcement
+from hwplace.runtime.weight_sync.announcements import Announcement, Writing
 from hwplace.runtime.weight_sync.buckets import Weights
 from hwplace.runtime.weight_sync.device_ring import RingDescriptor
 from hwplace.runtime.weight_sync.device_share import TornRead, entry_views
@@ -43,6 +45,7 @@ class Intake:
         self._kept_note: Announcement | None = None
         self._buffer: Any = None  # the device buffer the kept same-device version lies in
         self._seen = 0  # the newest version taken or tried
+        self._early = 0  # the newest version hashed while its source wrote it (SameNode.early)
 
     def latest(self, min_version: int, timeout: float | None) -> Weights:
         """The newest version that is intact, waiting (up to ``timeout`` s) for one at least ``min_version``: tensors
@@ -72,7 +75,7 @@ class Intake:
             # a version below ``wanted`` is not taken while one at least ``wanted`` is awaited: not copied, and a
             # corrupted one that a newer version superseded on its way is no error of this call
             got = self.receiver.newest(self._seen, 0) if have >= wanted else \
-                self.receiver.newest(max(self._seen, wanted - 1), wait)
+                self.receiver.newest(max(self._seen, wanted - 1), wait, self._early)
             if got is None:
                 if have >= wanted:
                     if module is not None:
@@ -81,6 +84,11 @@ class Intake:
                 raise TimeoutError(f"weight sync {self.name!r}: no version >= {wanted} within {timeout:g} s"
                                    if timeout is not None else f"weight sync {self.name!r}: no version >= {wanted}")
             note, held = got
+            if isinstance(note.where, Writing):  # awaited and being written: hash what is written meanwhile
+                self._early = note.version
+                self.same_node.early(note, lambda: self.receiver.pending(self._early) and (
+                    deadline is None or time.monotonic() < deadline))
+                continue
             self._seen = note.version
             if isinstance(note.where, RingDescriptor) and module is not None:
                 try:

@@ -38,7 +38,7 @@ from hwplace.foundation.errors import HwplaceError, WeightSyncError
 from hwplace.foundation.wording import first_line
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import connect, find_entry, torch_module
-from hwplace.runtime.weight_sync.announcements import Announcement, Follows, frames, recv_pickle
+from hwplace.runtime.weight_sync.announcements import Announcement, Follows, Writing, frames, recv_pickle
 from hwplace.runtime.weight_sync.link_model import Pair, traffic
 from hwplace.runtime.weight_sync.segments import HeldFile, receiving
 
@@ -73,7 +73,6 @@ def link_key(uid: str, source: int, target: Member, incarnation: int) -> str:
     """The rendezvous key of the link between incarnation ``source`` of a sync's source and ``incarnation`` of
     ``target``: a restarted end meets the other afresh, never the stale key of a process that died."""
     return f"wsync/{uid}/{source}/{target[0]}/{target[1]}.{incarnation}"
-
 
 
 class Link:
@@ -143,7 +142,6 @@ class Link:
         except BaseException as exc:
             if self.error is None and not self.closed:
                 self.broke(exc)
-
 
     def _watch(self, comm: Any, torch: Any) -> None:
         """Break the link the moment its target's process ends (a receive that only a relay's report completes
@@ -237,6 +235,30 @@ def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) ->
             link.sent = note.version
 
 
+def forewarn(links: Sequence[Link], note: Announcement) -> Callable[[], None]:
+    """Start sending a :class:`Writing` note on every link whose target has joined (others only ever get whole
+    versions; it counts as no version sent); the returned call waits until it is sent. A link that breaks keeps
+    its error, as in :func:`fan_out`."""
+    head, works = frames(note, torch_module()), []
+    for link in sorted(links, key=id):  # one lock order for every caller
+        with link.lock:  # what a link sends later is queued after it
+            try:
+                if link.connected and not link.closed and link.sent < note.version:
+                    works.append((link, [link.comm.gloo.broadcast(tensor, 0) for tensor in head]))
+            except BaseException as exc:
+                link.broke(exc)
+
+    def sent() -> None:
+        for link, started in works:
+            try:
+                for work in started:
+                    work.wait()
+            except BaseException as exc:
+                link.broke(exc)
+
+    return sent
+
+
 def _received(comm: Any, lengths: Sequence[int], torch: Any) -> HeldFile:
     """The buckets that follow an announcement, received into a file of this process (:func:`receiving`)."""
     fill, held = receiving(lengths)
@@ -263,6 +285,7 @@ class Receiver:
         self._relay = relay  # on a relay: takes the buckets that follow an announcement, and passes them on
         self._changed = threading.Condition()
         self._newest: tuple[Announcement, HeldFile | None] | None = None
+        self._writing: Announcement | None = None  # the newest Writing note (a version the source writes now)
         self._error: HwplaceError | None = None
         self._closed = False
         self._comm: Any = None
@@ -310,7 +333,10 @@ class Receiver:
                     if note.where.digests_follow:
                         note = replace(note, digests=recv_pickle(comm, torch))
                 with self._changed:
-                    self._newest = (note, held)
+                    if isinstance(note.where, Writing):  # the version itself follows once written
+                        self._writing = note
+                    else:
+                        self._newest = (note, held)
                     self._changed.notify_all()
         finally:
             _abort(comm)
@@ -331,18 +357,30 @@ class Receiver:
             time.sleep(WATCH / 5)
         return None
 
-    def newest(self, after: int, timeout: float | None) -> tuple[Announcement, HeldFile | None] | None:
-        """The newest announcement of a version after ``after`` (with its buckets when they followed it),
-        waiting up to ``timeout`` s for one (None: without end); None when none came, the link's error when it
-        broke."""
+    def newest(self, after: int, timeout: float | None,
+               early: int | None = None) -> tuple[Announcement, HeldFile | None] | None:
+        """The newest announcement of a version after ``after`` (with its buckets when they followed it), waiting
+        up to ``timeout`` s for one (None: without end); None when none came, the link's error when it broke.
+        With ``early``, also a :class:`Writing` note of a version after both (with None), until a whole one."""
+        def writing() -> Announcement | None:
+            note = self._writing
+            return note if early is not None and note is not None and note.version > max(after, early) else None
+
         with self._changed:
             self._changed.wait_for(lambda: (self._newest is not None and self._newest[0].version > after)
-                                   or self._error is not None or self._closed, timeout)
+                                   or writing() or self._error is not None or self._closed, timeout)
             if self._newest is not None and self._newest[0].version > after:
                 return self._newest
             if self._error is not None:
                 raise self._error
-            return None
+            note = writing()
+            return None if note is None else (note, None)
+
+    def pending(self, version: int) -> bool:
+        """Whether ``version`` may still be announced whole: no version of at least it has come, the link stands."""
+        with self._changed:
+            return not self._closed and self._error is None and (
+                self._newest is None or self._newest[0].version < version)
 
     def report(self) -> None:
         """On a relay: tell the source to look at what the relay noted in the rendezvous (ranks dead or back)."""

@@ -92,12 +92,13 @@ class Relay:
         """Take the buckets that follow ``note`` on the link from the source into a segment, and announce the
         version to this node's other ranks; returns it as it lies here (the relay's own intake takes it so)."""
 
-        def fill(views: list[Any]) -> None:
+        def fill(views: list[Any], done: Callable[[int, int], None]) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
-                for view in views:
+                for index, view in enumerate(views):
                     if view.nbytes:
                         comm.gloo.broadcast(torch.from_numpy(view), 0).wait()
+                    done(index, view.nbytes)
 
         ref = self.pool.fill(note.version, note.lengths, fill)
         assert isinstance(note.where, Follows)

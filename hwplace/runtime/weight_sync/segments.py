@@ -16,13 +16,17 @@ process that dies lets go of its locks, and a segment is freed when its source a
 target maps a segment while it holds a version in it, and keeps one read-only mapping of the last few segments it
 checked (:meth:`SegmentReader.checking`), let go once the source lets the segment go. The source writes a bucket a
 chunk at a time and hashes each chunk just after copying it, while it is in cache: one pass over memory for the
-copy and the digest. Imports the foundation and :mod:`hwplace.runtime.weight_sync.buckets`; numpy on first use.
+copy and the digest. The header says how far the version being written is in, chunk by chunk, and each write
+has a serial number of the pool: one reader of the node can hash the version while it is written and post its
+digests on the pool's board (:mod:`hwplace.runtime.weight_sync.node_check`). Imports the foundation and
+:mod:`hwplace.runtime.weight_sync.buckets`; numpy on first use.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import mmap
 import os
 import struct
@@ -35,11 +39,13 @@ from typing import Any
 from hwplace.foundation.errors import WeightSyncError
 from hwplace.runtime.weight_sync.buckets import Hasher, aligned
 
-HEADER = 64  # bytes before the first bucket: a magic number, then the version the segment holds
+HEADER = 64  # bytes before the first bucket: the stamp, then the write's progress
 ALIGN = 64  # each bucket starts at a multiple of this
 MAGIC = 0x68777073_79_6E_63  # "hwpsync"
-STAMP = struct.Struct("<qq")  # magic, version (0 while the source writes)
-CHUNK = 1 << 20  # a bucket is copied and hashed this many bytes at a time (they stay in cache in between)
+STAMP = struct.Struct("<qqq")  # magic, version and the write's serial (0 and 0 while the source writes)
+WORD = struct.Struct("<q")
+WRITING, DONE = 24, 32  # header offsets: the serial of the write under way, the offset written up to so far
+CHUNK = 1 << 18  # a bucket is copied and hashed this many bytes at a time (they stay in cache in between)
 KEEP = 3  # a reader keeps its checking mappings of this many segments of a source (two take turns, mostly)
 
 
@@ -55,6 +61,8 @@ class SegmentRef:
     version: int
     offsets: tuple[int, ...]
     lengths: tuple[int, ...]
+    serial: int = 0  # the pool's count of writes, this one's: a version written again gets another
+    board: int = -1  # the source's descriptor of the pool's board (node_check), -1 where it has none
 
 
 def offsets_of(lengths: Sequence[int]) -> tuple[tuple[int, ...], int]:
@@ -99,50 +107,66 @@ class _Segment:
 class SegmentPool:
     """The source's segments for one weight sync; :meth:`write` puts a version in a segment no target holds."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, board: int = -1) -> None:
         self._name = f"hwplace-wsync-{name}"
         self._segments: list[_Segment] = []
+        self._serial = 0
+        self._board = board  # a descriptor SegmentRefs carry for targets to find the pool's board (node_check)
 
-    def write(self, version: int, lengths: Sequence[int], buckets: Iterable[tuple[Any, str | None]]) -> tuple[
-            SegmentRef, list[str]]:
+    def write(self, version: int, lengths: Sequence[int], buckets: Iterable[tuple[Any, str | None]],
+              started: Callable[[SegmentRef], None] | None = None) -> tuple[SegmentRef, list[str]]:
         """Write ``version`` (``buckets``: each bucket and its digest, or None for the pool to work it out as it
-        copies the bucket, ``lengths`` their sizes) into a free segment; returns where it lies and the digests."""
+        copies the bucket, ``lengths`` their sizes) into a free segment; returns where it lies and the digests.
+        ``started`` is told where it will lie before the first byte is written (see :meth:`fill`)."""
         import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
         digests: list[str] = []
 
-        def copy(views: list[Any]) -> None:
-            for (bucket, digest), view in zip(buckets, views, strict=True):
+        def copy(views: list[Any], done: Callable[[int, int], None]) -> None:
+            for index, ((bucket, given), view) in enumerate(zip(buckets, views, strict=True)):
                 flat = np.asarray(bucket, dtype=np.uint8).reshape(-1)
-                if digest is None:  # one pass: each chunk hashed right after it is copied, still in cache
-                    digest = _copy_hashed(view, flat)
+                if given is None:  # one pass: each chunk hashed right after it is copied, still in cache
+                    given = _copy_hashed(view, flat, functools.partial(done, index))
                 else:
                     view[:] = flat
-                digests.append(digest)
+                digests.append(given)
+                done(index, len(flat))
 
-        return self.fill(version, lengths, copy), digests
+        return self.fill(version, lengths, copy, started), digests
 
-    def fill(self, version: int, lengths: Sequence[int], fill: Callable[[list[Any]], None]) -> SegmentRef:
+    def fill(self, version: int, lengths: Sequence[int],
+             fill: Callable[[list[Any], Callable[[int, int], None]], None],
+             started: Callable[[SegmentRef], None] | None = None) -> SegmentRef:
         """Put ``version`` into a free segment: ``fill`` writes each bucket (of ``lengths``) into the writable view
-        it is given (a relay receives them straight into it); returns where the version lies. A ``fill`` that
-        raises leaves the segment without a version, free for the next."""
+        it is given (a relay receives them straight into it), in order, calling ``done(i, n)`` once the first ``n``
+        bytes of bucket ``i`` are in (the header says so, for a reader hashing it meanwhile); returns where the
+        version lies, which ``started`` is told before the first byte is written. A ``fill`` that raises leaves
+        the segment without a version."""
         import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
         offsets, need = offsets_of(lengths)
         segment = self._claim(need)
+        self._serial += 1
+        ref = SegmentRef(os.getpid(), segment.fd, segment.path, segment.inode, version, offsets, tuple(lengths),
+                         self._serial, self._board)
         try:
-            STAMP.pack_into(segment.map, 0, MAGIC, 0)
+            STAMP.pack_into(segment.map, 0, MAGIC, 0, 0)
             segment.version = 0
+            WORD.pack_into(segment.map, DONE, 0)  # before the serial it counts for: no reader pairs them wrongly
+            WORD.pack_into(segment.map, WRITING, ref.serial)
+            if started is not None:
+                started(ref)
             view = np.frombuffer(segment.map, dtype=np.uint8)
             try:
-                fill([view[offset : offset + length] for offset, length in zip(offsets, lengths, strict=True)])
+                fill([view[offset : offset + length] for offset, length in zip(offsets, lengths, strict=True)],
+                     lambda index, written: WORD.pack_into(segment.map, DONE, offsets[index] + written))
             finally:
                 del view
-            STAMP.pack_into(segment.map, 0, MAGIC, version)
+            STAMP.pack_into(segment.map, 0, MAGIC, version, ref.serial)
             segment.version = version
         finally:
             fcntl.flock(segment.fd, fcntl.LOCK_UN)
-        return SegmentRef(os.getpid(), segment.fd, segment.path, segment.inode, version, offsets, tuple(lengths))
+        return ref
 
     def _claim(self, need: int) -> _Segment:
         """A segment of at least ``need`` bytes that no target holds, locked exclusively: the oldest free one,
@@ -176,13 +200,15 @@ class SegmentPool:
         self._segments.clear()
 
 
-def _copy_hashed(into: Any, source: Any) -> str:
+def _copy_hashed(into: Any, source: Any, written: Callable[[int], None]) -> str:
     """Copy ``source`` into ``into`` chunk by chunk, hashing each chunk just after it is copied (while it is still
-    in cache): one pass over memory for both; returns the digest."""
+    in cache): one pass over memory for both; ``written(n)`` after each, with the bytes in so far. Returns the
+    digest."""
     hasher = Hasher()
     for start in range(0, len(source), CHUNK):
         into[start : start + CHUNK] = source[start : start + CHUNK]
         hasher.update(into[start : start + CHUNK])
+        written(min(start + CHUNK, len(source)))
     return hasher.hexdigest()
 
 
@@ -290,8 +316,8 @@ class SegmentReader:
             if os.fstat(fd).st_ino != ref.inode or not _try_lock(fd, fcntl.LOCK_SH):
                 os.close(fd)
                 return None  # another file now, or the source is writing a newer version into it
-            magic, version = STAMP.unpack(os.pread(fd, STAMP.size, 0))
-            if magic != MAGIC or version != ref.version:
+            magic, version, serial = STAMP.unpack(os.pread(fd, STAMP.size, 0))
+            if magic != MAGIC or version != ref.version or serial != ref.serial:
                 os.close(fd)
                 return None
         except BaseException:
@@ -332,6 +358,11 @@ class SegmentReader:
             del self._checking[next(iter(self._checking))]
         return [array[offset : offset + length] for offset, length in zip(ref.offsets, ref.lengths, strict=True)]
 
+    def mapping(self, ref: SegmentRef) -> Any | None:
+        """The whole of the read-only mapping this reader keeps of ``ref``'s segment (:meth:`checking`), header
+        included, or None."""
+        return None if self.checking(ref) is None else self._checking[ref.pid, ref.fd, ref.inode]
+
     def _prune(self) -> None:
         """Let go of the kept mappings of segments the source has let go (or that ended with it)."""
         for key in list(self._checking):
@@ -352,6 +383,13 @@ class SegmentReader:
         gone), or ``None`` as for :meth:`hold`."""
         held = self.hold(ref)
         return None if held is None else held.views()
+
+
+def progress(mapping: Any) -> tuple[int, int]:
+    """The serial of the write under way in a segment (or the last one) and the offset it is written up to: the
+    serial read first, as the source sets the offset (back to 0) before it sets a new write's serial."""
+    serial = WORD.unpack_from(mapping, WRITING)[0]
+    return serial, WORD.unpack_from(mapping, DONE)[0]
 
 
 def _try_lock(fd: int, kind: int) -> bool:

@@ -262,8 +262,7 @@ class WeightSync:
                 entries = self._entries()
                 self._readmit(state, entries, context)
                 standby = self._standby(state, entries, device)
-            version = state.version + 1
-            session().require(Rendezvous, "weight sync").kv_put(version_key(self._uid), str(version).encode())
+            version, rendezvous = state.version + 1, session().require(Rendezvous, "weight sync")
             links: dict[str, list[Link]] = {name: [] for name in TRANSPORTS}
             for t in self._direct():
                 link = state.links.get((t.group, t.rank))
@@ -271,7 +270,8 @@ class WeightSync:
                     links[choose(t.transport, self._holds.get((t.group, t.rank), ()), device)].append(link)
             state.source = state.source or Source(self._uid, visible, self.bucket_bytes, self.device_buckets)
             dead = len(state.dead)
-            state.source.publish(version, state_dict, links, standby=standby)
+            state.source.publish(version, state_dict, links, standby=standby, noting=lambda: rendezvous.kv_put(
+                version_key(self._uid), str(version).encode()))  # noted while it is laid down, before it is announced
             state.version, state.device = version, device
             self._bury(state)
             if len(state.dead) > dead:  # a target died: if its group restarted it already, it gets this version

@@ -10,30 +10,39 @@ Each class owns both ends of its transport: how the source lays a version down f
   into a buffer of its own that it reuses, or straight into a module (``load_into``).
 - :class:`SameNode` (``same-node``): the node's shared memory. A version up to ``ANNOUNCED_BYTES`` travels in its
   announcement; a larger one is written once, bucket after bucket, into a segment of the source
-  (:mod:`hwplace.runtime.weight_sync.segments`) that every target of the node maps and reads in place.
+  (:mod:`hwplace.runtime.weight_sync.segments`) that every target of the node maps and reads in place. One target
+  checks it for the node (:mod:`hwplace.runtime.weight_sync.node_check`); from ``EARLY_BYTES`` on, where the
+  source has a core beside it, a :class:`~hwplace.runtime.weight_sync.announcements.Writing` note goes ahead of the
+  copy, so that a target waiting for the version checks it as it is written.
 - :class:`OtherNode` (``other-node``): the buckets follow the announcement on each target's link, straight from
   the source's tensors once every such target has joined, else from the node's copy.
 
 :class:`Source` is the source process's side of one weight sync: the three transports and the version each
 target gets. Imports the layers below, the planning's transport names, and the room's buckets, device-share,
-device-ring, segments and links modules.
+device-ring, segments, node-check and links modules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+import os
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
 from typing import Any
 
 from hwplace.config.weight_sync import DEFAULT_BUCKET_BYTES, DEFAULT_DEVICE_BUCKETS
 from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SAME_NODE
 from hwplace.runtime.messaging.communicator import torch_module
-from hwplace.runtime.weight_sync.announcements import Announcement, Follows, InlineVersion
+from hwplace.runtime.weight_sync.announcements import Announcement, Follows, InlineVersion, Writing
 from hwplace.runtime.weight_sync.buckets import INLINE_BYTES, Entry, Packed, Weights, check, pack, sizes, unpack
 from hwplace.runtime.weight_sync.device_ring import RingDescriptor, RingReader, RingWriter
 from hwplace.runtime.weight_sync.device_share import physical_device
-from hwplace.runtime.weight_sync.links import ANNOUNCED_BYTES, Link, buckets_of, fan_out
+from hwplace.runtime.weight_sync.links import ANNOUNCED_BYTES, Link, buckets_of, fan_out, forewarn
+from hwplace.runtime.weight_sync.node_check import Board, check_while_written, wait_posted
 from hwplace.runtime.weight_sync.segments import HeldBytes, HeldFile, SegmentPool, SegmentReader, SegmentRef
+
+KEEP_BOARDS = 4  # a target keeps the boards of this many sources (a restarted source makes a new one)
+EARLY_BYTES = 8 * 2**20  # a same-node version this large is checked by a target as it is written (a note first)
 
 
 def source_device(state_dict: Mapping[str, Any], visible: Sequence[int] | None) -> int | None:
@@ -108,19 +117,26 @@ class SameNode:
     def __init__(self, uid: str) -> None:
         self.uid = uid
         self.segments: SegmentPool | None = None
+        self.board: Board | None = None  # the source's board, where one target of the node posts its check
         self.reader = SegmentReader()
+        self._boards: dict[tuple[int, int], Board | None] = {}  # a target's: each source's board, by (pid, fd)
 
     def lay_down(self, version: int, entries: Sequence[Entry], lengths: Sequence[int],
-                 buckets: Iterable[tuple[Any, str]], node: bool, keep: bool) -> tuple[Announcement, list[Any]]:
+                 buckets: Iterable[tuple[Any, str]], node: bool, keep: bool,
+                 started: Callable[[Announcement], None] | None = None) -> tuple[Announcement, list[Any]]:
         """The node's copy of a version: in a segment when ``node`` (targets on this node) and it is large (the
-        buckets of :func:`pack` hashed as they are copied there, in one pass), else copies of its buckets (in the
-        announcement when ``node``); returns the announcement and, when ``keep``, the buckets as laid down (for
-        :class:`OtherNode` to send on)."""
+        buckets of :func:`pack` hashed as they are copied there, in one pass; ``started`` gets a :class:`Writing`
+        note before the first is), else copies of its buckets (in the announcement when ``node``); returns the
+        announcement and, when ``keep``, the buckets as laid down (for :class:`OtherNode` to send on)."""
         if node and sum(lengths) > ANNOUNCED_BYTES:
-            self.segments = self.segments or SegmentPool(self.uid)
+            if self.segments is None:
+                self.board = Board.create(self.uid)
+                self.segments = SegmentPool(self.uid, -1 if self.board is None else self.board.fd)
             given: Iterable[tuple[Any, str | None]] = \
                 ((bucket, None) for bucket in buckets.raw) if isinstance(buckets, Packed) else buckets
-            segment, digests = self.segments.write(version, lengths, given)
+            tell = None if started is None or sum(lengths) < EARLY_BYTES else \
+                lambda ref: started(Announcement(version, Writing(ref), lengths=tuple(lengths)))
+            segment, digests = self.segments.write(version, lengths, given, tell)
             copies = self.segments.views(segment) if keep else []
             return Announcement(version, segment, tuple(entries), tuple(digests), tuple(lengths)), copies
         pairs = [(bucket.copy(), digest) for bucket, digest in buckets]
@@ -128,16 +144,43 @@ class SameNode:
         inline = InlineVersion(tuple(b.tobytes() for b in copies) if node else ())
         return Announcement(version, inline, tuple(entries), tuple(d for _, d in pairs), tuple(lengths)), copies
 
+    def early(self, note: Announcement, going: Callable[[], bool]) -> bool:
+        """While the source writes the version a :class:`Writing` ``note`` names: check it for the node as it is
+        written, unless another target of the node does (:func:`check_while_written`, until ``going()`` is
+        False); whether this one did."""
+        assert isinstance(note.where, Writing)
+        ref = note.where.segment
+        board, mapping = self._board_of(ref), self.reader.mapping(ref)
+        return board is not None and mapping is not None and check_while_written(board, ref, mapping, going)
+
     def take(self, note: Announcement) -> HostVersion | None:
-        """The version, checked; None when its segment has since been given to a newer version."""
+        """The version, checked; None when its segment has since been given to a newer version. Its buckets are
+        not read again when the digests a target of the node posted for that write of it
+        (:mod:`~hwplace.runtime.weight_sync.node_check`) are the announced ones: the version is held there, and its
+        stamp says no other write was made into it since."""
         held: HeldFile | HeldBytes | None
         if isinstance(note.where, SegmentRef):
             held = self.reader.hold(note.where)
             if held is None:
                 return None
-            return checked(note, held, self.reader.checking(note.where))
+            readable = self.reader.checking(note.where)
+            board = self._board_of(note.where)
+            posted = None if board is None or readable is None else wait_posted(board, note.where.serial)
+            if readable is not None and posted == list(note.digests):
+                return HostVersion(note, held, None, readable)
+            return checked(note, held, readable)
         assert isinstance(note.where, InlineVersion)
         return checked(note, HeldBytes(note.where.buckets))
+
+    def _board_of(self, ref: SegmentRef) -> Board | None:
+        key = (ref.pid, ref.board)
+        if key not in self._boards:
+            if len(self._boards) >= KEEP_BOARDS:  # a source restarted many times: let go of the oldest
+                old = self._boards.pop(next(iter(self._boards)))
+                if old is not None:
+                    old.close()
+            self._boards[key] = Board.open(ref)
+        return self._boards[key]
 
     @property
     def count(self) -> int:
@@ -147,6 +190,10 @@ class SameNode:
     def close(self) -> None:
         if self.segments is not None:
             self.segments.close()
+        for board in [self.board, *self._boards.values()]:
+            if board is not None:
+                board.close()
+        self.board, self._boards = None, {}
         self.reader.close()
 
 
@@ -229,29 +276,42 @@ class Source:
         self.same_node = SameNode(uid)
         self.bucket_bytes = bucket_bytes
         self._newest: dict[str, tuple[Announcement, list[Any]]] = {}
+        self._thread: ThreadPoolExecutor | None = None
 
     def publish(self, version: int, state_dict: Mapping[str, Any], links: Mapping[str, list[Link]],
-                again: bool = False, standby: Collection[str] = ()) -> None:
+                again: bool = False, standby: Collection[str] = (), noting: Callable[[], None] | None = None) -> None:
         """Lay ``version`` down for each transport's targets (``links``, by transport name) and announce it.
 
         ``standby``: transports to lay it down for even without a link now (a target of theirs is dead and may be
         restarted: :meth:`newest` offers it then). ``again``: the newest version once more, for targets linked
-        again after it was first laid down."""
+        again after it was first laid down. ``noting`` (noting the version in the rendezvous) runs in a thread
+        while the version is laid down, and has returned before any target is told of it; its error is raised."""
+        noted = self._meanwhile(noting)
         if not again:
             self._newest.clear()  # never offer an older version than the newest
         if links[SAME_DEVICE] or SAME_DEVICE in standby:
             self._newest[SAME_DEVICE] = (self.same_device.lay_down(version, state_dict), [])
+            noted()
             deliver(links[SAME_DEVICE], self._newest[SAME_DEVICE][0])
         node, other = links[SAME_NODE], links[OTHER_NODE]
         to_node, to_other = bool(node) or SAME_NODE in standby, bool(other) or OTHER_NODE in standby
         if not to_node and not to_other:
+            noted()
             return
         entries, buckets = pack(state_dict, self.bucket_bytes)
         lengths = sizes(entries)
         if not to_node and OTHER_NODE not in standby and all(link.connected for link in other):
+            noted()
             OtherNode.stream(other, version, entries, lengths, iter(buckets))  # straight from the tensors: none kept
             return
-        note, copies = self.same_node.lay_down(version, entries, lengths, buckets, to_node, to_other)
+        warned: list[Callable[[], None]] = []
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        early = None if cores < 2 else \
+            lambda writing: warned.append(forewarn(node, writing))  # a core for the source and one checking target
+        note, copies = self.same_node.lay_down(version, entries, lengths, buckets, to_node, to_other, early)
+        for sent in warned:
+            sent()
+        noted()
         if to_node:
             self._newest[SAME_NODE] = (note, [])
             deliver(node, note)
@@ -259,6 +319,14 @@ class Source:
             following = OtherNode.following(note)
             self._newest[OTHER_NODE] = (following, [] if isinstance(note.where, SegmentRef) else copies)
             deliver(other, following, copies)
+
+    def _meanwhile(self, work: Callable[[], None] | None) -> Callable[[], None]:
+        """Start ``work`` in this source's thread (one, kept: a client it opens is reused); the returned call waits
+        for it and raises what it raised."""
+        if work is None:
+            return lambda: None
+        self._thread = self._thread or ThreadPoolExecutor(1, thread_name_prefix="hwplace-wsync-note")
+        return self._thread.submit(work).result
 
     def newest(self, transport: str) -> tuple[Announcement, list[Any]] | None:
         """The newest version as it was announced to ``transport``'s targets, with its buckets when they follow
@@ -277,6 +345,8 @@ class Source:
 
     def close(self) -> None:
         self._newest.clear()
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)
         self.same_device.close()
         self.same_node.close()
 

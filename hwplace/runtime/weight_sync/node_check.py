@@ -1,0 +1,172 @@
+"""One check per node of a version in the node's shared memory: a target hashes it while the source writes it,
+and posts the digests on the source's board for the node's other targets.
+
+Every target checks a version's announced digests before it becomes visible (SPEC §9). On one node the targets
+read the same bytes, one segment of the source (:mod:`hwplace.runtime.weight_sync.segments`), so one reading of
+them serves all: the first target to claim the board (a file lock, let go when its process dies) hashes the
+version as the segment's header says it is written, chunk after chunk, mostly while the bytes are still in the
+shared cache, and posts the digests of that write (its serial) on the board. Each target then compares the
+announced digests with the posted ones, under its shared lock on the segment, whose stamp says that write is what
+it holds: equal, the version is checked; not posted, or different, the target hashes the version itself, as
+without a board (so a corrupted version is a ``WeightSyncError`` wherever it was found). A target waits for a
+claimed board to be posted only while its checker lives and for at most :data:`WAIT_POSTED` seconds.
+
+The board is a small file of the source's (a memfd on Linux); a target opens it through ``/proc/<pid>/fd`` and
+maps it shared. Imports the foundation and the buckets and segments modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import struct
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hwplace.runtime.weight_sync.buckets import Hasher
+from hwplace.runtime.weight_sync.segments import CHUNK, SegmentRef, progress
+
+BOARD_BYTES = 64 * 1024  # the board: a header, then the posted digests, one per line
+HEAD = struct.Struct("<qq")  # the serial whose digests are posted (0: none, or being posted), their text's length
+POLL = 0.0002  # seconds between looks at a write's progress, or at a board being posted
+WAIT_POSTED = 2.0  # the longest a target waits for a claimed board to be posted before it checks by itself
+
+
+class Board:
+    """A pool's board: the digests one target of the node worked out for a write, for the others to compare."""
+
+    def __init__(self, fd: int, mapping: mmap.mmap) -> None:
+        self.fd, self.map = fd, mapping
+        self._claimed = False  # this process holds the board (a lock taken again on one description converts it)
+
+    @classmethod
+    def create(cls, name: str) -> Board | None:
+        """The source's board (None where the system has no memfd: its targets each check by themselves)."""
+        if not hasattr(os, "memfd_create"):  # pragma: no cover - not Linux
+            return None
+        fd = os.memfd_create(f"hwplace-wsync-{name}-board", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, BOARD_BYTES)
+            return cls(fd, mmap.mmap(fd, BOARD_BYTES, flags=mmap.MAP_SHARED))
+        except OSError:
+            os.close(fd)
+            return None
+
+    @classmethod
+    def open(cls, ref: SegmentRef) -> Board | None:
+        """The board of the pool that wrote ``ref``, opened by a target (a description of its own, to lock), or
+        None where it has none or it cannot be opened."""
+        if ref.board < 0:
+            return None
+        try:
+            fd = os.open(f"/proc/{ref.pid}/fd/{ref.board}", os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+        try:
+            return cls(fd, mmap.mmap(fd, BOARD_BYTES, flags=mmap.MAP_SHARED))
+        except (OSError, ValueError):
+            os.close(fd)
+            return None
+
+    def claim(self) -> bool:
+        """Whether this process may check the write now (no other target does): an exclusive lock, until
+        :meth:`let_go` or this process's end."""
+        self._claimed = not self._claimed and _try_lock(self.fd, fcntl.LOCK_EX)
+        return self._claimed
+
+    def let_go(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        self._claimed = False
+
+    def claimed(self) -> bool:
+        """Whether another target holds the board now (it is checking a write)."""
+        if self._claimed:
+            return False
+        if not _try_lock(self.fd, fcntl.LOCK_SH):
+            return True
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        return False
+
+    def post(self, serial: int, digests: Sequence[str]) -> None:
+        """Post the digests of write ``serial`` (those that do not fit are not posted: targets check by themselves)."""
+        text = "\n".join(digests).encode()
+        HEAD.pack_into(self.map, 0, 0, 0)  # no serial while the text changes
+        if HEAD.size + len(text) > BOARD_BYTES:
+            return
+        self.map[HEAD.size : HEAD.size + len(text)] = text
+        HEAD.pack_into(self.map, 0, serial, len(text))
+
+    def posted(self, serial: int) -> list[str] | None:
+        """The digests posted for write ``serial``, or None."""
+        found, length = HEAD.unpack_from(self.map, 0)
+        if found != serial or not serial:
+            return None
+        text = bytes(self.map[HEAD.size : HEAD.size + length])
+        if HEAD.unpack_from(self.map, 0) != (found, length):  # posted again meanwhile
+            return None
+        return text.decode().split("\n") if text else []
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, BufferError):
+            self.map.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def check_while_written(board: Board, ref: SegmentRef, mapping: Any, going: Callable[[], bool]) -> bool:
+    """Claim ``board`` and hash write ``ref`` in ``mapping`` (a read-only mapping of its whole segment) as the
+    segment's header says it is written, then post the digests; False when another target claimed it first, or the
+    write was given up (another began in the segment, or ``going()`` turned False while none was written)."""
+    if not board.claim():
+        return False
+    try:
+        digests = _hash_while_written(ref, mapping, going)
+        if digests is not None:
+            board.post(ref.serial, digests)
+        return digests is not None
+    finally:
+        board.let_go()
+
+
+def _hash_while_written(ref: SegmentRef, mapping: Any, going: Callable[[], bool]) -> list[str] | None:
+    digests = []
+    for offset, length in zip(ref.offsets, ref.lengths, strict=True):
+        hasher, start = Hasher(), 0
+        while start < length:
+            serial, done = progress(mapping)
+            if serial != ref.serial:
+                return None
+            upto = min(done - offset, length)
+            if upto <= start:
+                if not going():
+                    return None
+                time.sleep(POLL)
+                continue
+            while start < upto:
+                end = min(upto, start + 16 * CHUNK)
+                hasher.update(mapping[offset + start : offset + end])
+                start = end
+        digests.append(hasher.hexdigest())
+    return digests if progress(mapping)[0] == ref.serial else None  # not begun again while it was hashed
+
+
+def wait_posted(board: Board, serial: int) -> list[str] | None:
+    """The digests posted for write ``serial``, waiting while another target claims the board (at most
+    :data:`WAIT_POSTED` seconds); None when none are."""
+    deadline = time.monotonic() + WAIT_POSTED
+    while True:
+        found = board.posted(serial)
+        if found is not None or not board.claimed() or time.monotonic() > deadline:
+            return found if found is not None else board.posted(serial)
+        time.sleep(POLL)
+
+
+def _try_lock(fd: int, kind: int) -> bool:
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True

@@ -1,0 +1,244 @@
+"""One check per node of a same-node version (without Ray): a target claims the source's board, hashes the write as
+the segment's header says it is in and posts the digests; every target of the node takes the version without
+reading it again when the posted digests of that very write are the announced ones, and checks it in full
+otherwise, so a corrupted version is still a ``WeightSyncError``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import hwplace
+from hwplace.runtime.weight_sync import node_check, transports
+from hwplace.runtime.weight_sync.announcements import Announcement, Writing
+from hwplace.runtime.weight_sync.buckets import check, digest, pack, sizes
+from hwplace.runtime.weight_sync.node_check import Board, check_while_written, wait_posted
+from hwplace.runtime.weight_sync.segments import CHUNK, SegmentPool, SegmentReader, SegmentRef
+from hwplace.runtime.weight_sync.transports import SameNode
+
+np = pytest.importorskip("numpy")
+torch = pytest.importorskip("torch")
+
+SIZES = (1000, 3, 3 * CHUNK + 5)
+
+
+def buckets(version: int) -> list[Any]:
+    return [np.full(size, (version * 7 + index) % 251, dtype=np.uint8) for index, size in enumerate(SIZES)]
+
+
+@pytest.fixture
+def board() -> Iterator[Board]:
+    made = Board.create(f"test-{os.getpid()}")
+    assert made is not None
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def pool(board: Board) -> Iterator[SegmentPool]:
+    made = SegmentPool(f"test-node-check-{os.getpid()}", board.fd)
+    yield made
+    made.close()
+
+
+def opened(ref: SegmentRef) -> Board:
+    found = Board.open(ref)
+    assert found is not None
+    return found
+
+
+def test_a_checker_hashes_each_chunk_once_the_header_says_it_is_written_and_posts_the_digests(
+        pool: SegmentPool, monkeypatch: Any) -> None:
+    monkeypatch.setattr(node_check, "WAIT_POSTED", 600.0)  # however loaded the machine: the waiter sees the post
+    reader, results = SegmentReader(), []
+    boards: list[Board] = []
+
+    def paced() -> Iterator[tuple[Any, None]]:
+        for index, bucket in enumerate(buckets(1)):
+            if index == 2:  # the last bucket is written only once the checker holds the board
+                for _ in range(60_000):
+                    if boards[1].claimed():
+                        break
+                    threading.Event().wait(0.001)
+                assert boards[1].claimed()
+            yield bucket, None
+
+    def started(ref: SegmentRef) -> None:
+        boards.extend([opened(ref), opened(ref)])  # the checker's, and another target's
+        threading.Thread(target=lambda: results.append(
+            check_while_written(boards[0], ref, reader.mapping(ref), lambda: True)), daemon=True).start()
+
+    ref, digests = pool.write(1, SIZES, paced(), started)
+    assert wait_posted(boards[1], ref.serial) == digests  # waits while the checker holds the board
+    assert digests == [digest(b) for b in buckets(1)]
+    for board in boards:
+        board.close()
+    for _ in range(60_000):
+        if results:
+            break
+        threading.Event().wait(0.001)
+    assert results == [True]
+
+
+def test_a_checker_gives_up_a_write_that_stopped_and_posts_nothing(pool: SegmentPool) -> None:
+    refs: list[SegmentRef] = []
+
+    def failing() -> Iterator[tuple[Any, None]]:
+        yield buckets(2)[0], None
+        raise RuntimeError("the source stopped mid-write")
+
+    with pytest.raises(RuntimeError, match="mid-write"):
+        pool.write(2, SIZES, failing(), refs.append)
+    board = opened(refs[0])
+    assert not check_while_written(board, refs[0], SegmentReader().mapping(refs[0]), lambda: False)
+    assert board.posted(refs[0].serial) is None
+    board.close()
+
+
+def test_a_checker_gives_up_a_segment_given_to_another_write(pool: SegmentPool) -> None:
+    refs: list[SegmentRef] = []
+    pool.write(1, SIZES, [(b, None) for b in buckets(1)], refs.append)
+    mapping = SegmentReader().mapping(refs[0])
+    second, _ = pool.write(2, SIZES, [(b, None) for b in buckets(2)])  # version 1's segment was free: reused
+    assert (second.fd, second.inode) == (refs[0].fd, refs[0].inode)
+    board = opened(refs[0])
+    assert not check_while_written(board, refs[0], mapping, lambda: True)
+    assert board.posted(refs[0].serial) is None
+    board.close()
+
+
+def test_one_target_at_a_time_claims_the_board_and_a_dead_one_lets_go(pool: SegmentPool) -> None:
+    ref, _ = pool.write(1, SIZES, [(b, None) for b in buckets(1)])
+    first, second = opened(ref), opened(ref)
+    assert first.claim()
+    assert not first.claimed()  # by this very board: no other target's claim
+    assert not first.claim()  # not twice
+    assert not second.claim()
+    assert second.claimed()
+    first.let_go()
+    assert not second.claimed()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # a target process that claims the board and is killed while it holds it
+        mine = Board.open(ref)
+        os.write(write, b"1" if mine is not None and mine.claim() else b"0")
+        signal.pause()
+        os._exit(0)
+    try:
+        assert os.read(read, 1) == b"1"
+        assert second.claimed()
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert not second.claimed()
+    first.close()
+    second.close()
+
+
+def test_a_claimed_board_never_posted_is_waited_for_only_so_long(pool: SegmentPool, monkeypatch: Any) -> None:
+    monkeypatch.setattr(node_check, "WAIT_POSTED", 0.2)
+    ref, _ = pool.write(1, SIZES, [(b, None) for b in buckets(1)])
+    holder, waiter = opened(ref), opened(ref)
+    assert holder.claim()
+    assert wait_posted(waiter, ref.serial) is None  # the target then checks by itself
+    holder.close()
+    waiter.close()
+
+
+def laid_down(source: SameNode, version: int, state: dict[str, Any],
+              corrupt: bool = False) -> tuple[Announcement, Announcement]:
+    """Version ``version`` of ``state`` in ``source``'s segment: its Writing note and its announcement."""
+    entries, packed = pack(state, 1 << 20)
+    warned: list[Announcement] = []
+    note, _ = source.lay_down(version, entries, sizes(entries), packed, True, False, warned.append)
+    if corrupt:  # after its digests were taken: what a bug writing into the segment would do
+        assert isinstance(note.where, SegmentRef)
+        assert source.segments is not None
+        source.segments.views(note.where)[0][3] ^= 0xFF
+    return warned[0], note
+
+
+def state(version: int) -> dict[str, Any]:
+    """A state dict just large enough to go with a Writing note."""
+    return {"a": torch.full((transports.EARLY_BYTES // 4,), float(version)), "b": torch.full((300,), float(-version))}
+
+
+@pytest.fixture
+def checks(monkeypatch: Any) -> list[int]:
+    """Each full check a target makes by itself."""
+    made: list[int] = []
+
+    def counted(*args: Any) -> None:
+        made.append(1)
+        check(*args)
+
+    monkeypatch.setattr(transports, "check", counted)
+    return made
+
+
+def test_a_smaller_version_goes_without_a_writing_note() -> None:
+    source = SameNode(f"early-{os.getpid()}")
+    try:
+        entries, packed = pack({"a": torch.ones(transports.EARLY_BYTES // 4 - 1)}, 1 << 20)
+        warned: list[Announcement] = []
+        note, _ = source.lay_down(1, entries, sizes(entries), packed, True, False, warned.append)
+        assert isinstance(note.where, SegmentRef)
+        assert not warned
+    finally:
+        source.close()
+
+
+def test_a_version_one_target_checked_is_taken_by_every_target_of_the_node_without_reading_it_again(
+        checks: list[int]) -> None:
+    source, first, second = SameNode(f"early-{os.getpid()}"), SameNode("first"), SameNode("second")
+    try:
+        writing, note = laid_down(source, 1, state(1))
+        assert isinstance(writing.where, Writing)
+        assert writing.where.segment == note.where
+        assert first.early(writing, lambda: False)
+        for target in (second, first):
+            got = target.take(note)
+            assert got is not None
+            assert got.weights().tensors["b"][-1] == -1.0
+        assert not checks
+        writing, note = laid_down(source, 2, state(2))
+        got = second.take(note)  # nobody checked this write early: the target checks it by itself
+        assert got is not None
+        assert checks == [1]
+    finally:
+        for end in (source, first, second):
+            end.close()
+
+
+def test_a_version_corrupted_before_the_node_check_is_refused_by_every_target(checks: list[int]) -> None:
+    source, first, second = SameNode(f"early-{os.getpid()}"), SameNode("first"), SameNode("second")
+    try:
+        writing, note = laid_down(source, 1, state(1), corrupt=True)
+        assert first.early(writing, lambda: False)  # hashed after the corruption: not the announced digests
+        for target in (first, second):
+            with pytest.raises(hwplace.WeightSyncError, match="does not match its digest"):
+                target.take(note)
+        assert checks == [1, 1]
+    finally:
+        for end in (source, first, second):
+            end.close()
+
+
+def test_digests_posted_for_another_write_stand_for_nothing(checks: list[int]) -> None:
+    source, target = SameNode(f"early-{os.getpid()}"), SameNode("target")
+    try:
+        _, note = laid_down(source, 1, state(1), corrupt=True)
+        assert isinstance(note.where, SegmentRef)
+        assert source.board is not None
+        source.board.post(note.where.serial + 1, list(note.digests))  # the announced digests, for another write
+        with pytest.raises(hwplace.WeightSyncError, match="does not match its digest"):
+            target.take(note)
+        assert checks == [1]
+    finally:
+        source.close()
+        target.close()
