@@ -8,7 +8,6 @@ whole public API (planning, the job runner, weight sync).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -28,6 +27,7 @@ from hwplace.foundation.errors import (
     WeightSyncError,
     WorkerError,
 )
+from hwplace.foundation.lazy import on_first_use as _on_first_use
 from hwplace.foundation.version import __version__
 
 if TYPE_CHECKING:  # what __getattr__ below loads on first use (_HOMES says from where), as type checkers see it
@@ -132,16 +132,7 @@ _HOMES: dict[str, str] = {  # each name loaded on first use: its module, or "mod
 }
 
 if not TYPE_CHECKING:  # type checkers see the imports above instead, and so still flag a misspelled name
-
-    def __getattr__(name: str) -> object:
-        """Load the public name ``name`` from its module on first use, and keep it."""
-        if name not in _HOMES:
-            raise AttributeError(f"module 'hwplace' has no attribute {name!r}")
-        module, _, attribute = _HOMES[name].partition(":")
-        loaded = importlib.import_module(module)
-        value = loaded if module == f"hwplace.{name}" else getattr(loaded, attribute or name)
-        globals()[name] = value
-        return value
+    __getattr__ = _on_first_use(__name__, _HOMES)
 
 
 def __dir__() -> list[str]:

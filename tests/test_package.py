@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 import re
 import subprocess
@@ -25,14 +26,38 @@ def test_import_hwplace_imports_neither_ray_nor_torch() -> None:
 
 
 def test_a_worker_process_imports_only_the_part_of_hwplace_it_uses() -> None:
-    # a worker's host loads Worker and its hosting; the job runner, planning's search and weight sync stay unloaded
-    code = "import sys, hwplace, hwplace.executor; print(sorted(m for m in sys.modules if m.startswith('hwplace.')))"
+    # a worker's host loads Worker and its hosting (what an executor's worker side takes from hwplace.executor);
+    # what a worker may never use (channels, the group launcher and the placement strategies, messaging, turns,
+    # the cluster and its config) loads the first time it does, and the job runner and weight sync stay unloaded
+    code = ("import sys, hwplace, hwplace.executor as e; hwplace.Worker; e.start_worker, e.run_method, "
+            "e.run_method_async, e.RemoteFailure, e.GroupRuntime, e.Handle, e.Incarnations, e.WorkerContext; "
+            "print(sorted(m for m in sys.modules if m.startswith('hwplace.')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = result.stdout
     assert "'hwplace.runtime.hosting'" in loaded
-    for unused in ("hwplace.application", "hwplace.planning.search", "hwplace.planning.cost",
-                   "hwplace.runtime.weight_sync", "hwplace.testing"):
+    for unused in ("hwplace.application", "hwplace.planning", "hwplace.runtime.weight_sync", "hwplace.testing",
+                   "hwplace.channels", "hwplace.runtime.group", "hwplace.runtime.messaging",
+                   "hwplace.runtime.turns", "hwplace.inventory", "hwplace.config.section"):
         assert f"'{unused}" not in loaded, unused
+    code = ("import sys, hwplace; hwplace.Worker.create_group, hwplace.Worker.turn; "
+            "print(sorted(m for m in sys.modules if m.startswith('hwplace.')))")  # naming a method loads nothing
+    assert "'hwplace.channels" not in subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                                     check=True).stdout
+
+
+@pytest.mark.parametrize("face", ["hwplace/executor.py", "hwplace/runtime/deferred.py"])
+def test_the_names_other_modules_load_on_first_use_are_the_ones_type_checkers_see(face: str) -> None:
+    module = importlib.import_module(face.removesuffix(".py").replace("/", "."))
+    tree = ast.parse((ROOT / face).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    seen: dict[str, str] = {alias.asname or alias.name: f"{node.module}" if alias.asname in (None, alias.name)
+                            else f"{node.module}:{alias.name}" for node in block.body
+                            if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert seen == module._HOMES
+    assert set(module.__all__) == set(seen)
+    for name in module.__all__:
+        home, _, attribute = seen[name].partition(":")
+        assert getattr(module, name) is getattr(importlib.import_module(home), attribute or name)
 
 
 def test_the_lazy_public_names_are_the_ones_type_checkers_see() -> None:
@@ -52,7 +77,8 @@ def test_the_lazy_public_names_are_the_ones_type_checkers_see() -> None:
                 seen[name] = node.module if alias.name == name else f"{node.module}:{alias.name}"
     assert seen == hwplace._HOMES
     eager = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
-             and (node.module or "").startswith("hwplace") for alias in node.names}
+             and (node.module or "").startswith("hwplace") for alias in node.names
+             if not re.match(r"_[^_]", alias.asname or alias.name)}  # a private helper is no public name
     eager |= {target.id for node in tree.body if isinstance(node, ast.Assign) for target in node.targets
               if isinstance(target, ast.Name) and not target.id.startswith("_")}
     assert not eager & set(seen)

@@ -2,7 +2,8 @@
 
 ``MyWorker.create_group(*args).launch(...)`` starts one process per placement (:mod:`hwplace.runtime.group`);
 hosting the worker in its process is :mod:`hwplace.runtime.hosting`. Imports the layers below and
-:mod:`hwplace.runtime.group` and :mod:`hwplace.runtime.turns.client`.
+:mod:`hwplace.runtime.deferred`, through which it reaches the group launcher, channels, messaging and turns on
+first use: a worker process loads none of them until its worker uses them.
 """
 
 from __future__ import annotations
@@ -10,12 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from hwplace.channels.channel import Channel
 from hwplace.contracts.records import Placement, WorkerContext
 from hwplace.foundation.errors import HwplaceError
-from hwplace.runtime.group import GroupLauncher
-from hwplace.runtime.messaging.messenger import messenger
-from hwplace.runtime.turns.client import Turn, Turns
+from hwplace.runtime import deferred
 
 
 class Worker:
@@ -34,9 +32,9 @@ class Worker:
     _hwplace_context: WorkerContext | None = None
 
     @classmethod
-    def create_group(cls, *args: Any, **kwargs: Any) -> GroupLauncher:
+    def create_group(cls, *args: Any, **kwargs: Any) -> deferred.GroupLauncher:
         """A group of this worker class, each constructed with ``args`` and ``kwargs``; ``.launch(...)`` starts it."""
-        return GroupLauncher(cls, args, kwargs)
+        return deferred.GroupLauncher(cls, args, kwargs)
 
     @property
     def _context(self) -> WorkerContext:
@@ -73,7 +71,7 @@ class Worker:
                              {"prefix": f"[{context.group} rank {context.rank} node {context.placement.node_rank}]"})
 
     def create_channel(self, name: str, group_affinity: str | None = None, group_rank_affinity: int | None = None,
-                       maxsize: int = 0) -> Channel:
+                       maxsize: int = 0) -> deferred.Channel:
         """Start a new channel called ``name``; see :meth:`hwplace.Channel.create`.
 
         Its host runs on this worker's node, or on the node of worker ``group_rank_affinity`` of group
@@ -82,9 +80,10 @@ class Worker:
         context = self._context
         if group_affinity is None and group_rank_affinity is not None:
             group_affinity = context.group
-        return Channel.create(name, maxsize, group_affinity=group_affinity, group_rank_affinity=group_rank_affinity)
+        return deferred.Channel.create(name, maxsize, group_affinity=group_affinity,
+                                       group_rank_affinity=group_rank_affinity)
 
-    def turn(self, timeout: float | None = None) -> Turn:
+    def turn(self, timeout: float | None = None) -> deferred.Turn:
         """``with self.turn():`` exclusive use of this worker's accelerators among groups that share them.
 
         First come, first served; re-entrant; released if this worker dies. ``onload()`` (if defined) runs on
@@ -93,12 +92,12 @@ class Worker:
         """
         turns = self.__dict__.get("_hwplace_turns")
         if turns is None:
-            turns = self.__dict__["_hwplace_turns"] = Turns(self)
-        return Turn(turns, timeout)
+            turns = self.__dict__["_hwplace_turns"] = deferred.Turns(self)
+        return deferred.Turn(turns, timeout)
 
-    def connect_channel(self, name: str) -> Channel:
+    def connect_channel(self, name: str) -> deferred.Channel:
         """The existing channel called ``name``; see :meth:`hwplace.Channel.connect`."""
-        return Channel.connect(name)
+        return deferred.Channel.connect(name)
 
     def send(self, obj: Any, group: str, rank: int, async_op: bool = False) -> Any:
         """Send ``obj`` (a tensor, an array or any picklable value) to worker ``rank`` of ``group``; see docs/rl.md.
@@ -106,15 +105,15 @@ class Worker:
         Returns when it is sent (a message of up to 4 KiB: once it is copied and queued; a failure to deliver it
         is raised by a later send), or at once with a handle (``wait()``) when ``async_op`` is true.
         """
-        return messenger(self._context).pair(group, rank).send(obj, async_op)
+        return deferred.messenger(self._context).pair(group, rank).send(obj, async_op)
 
     def recv(self, group: str, rank: int, async_op: bool = False, timeout: float | None = None) -> Any:
         """The next message from worker ``rank`` of ``group`` (in send order); ``TimeoutError`` after ``timeout``."""
-        return messenger(self._context).recv(group, rank, async_op, timeout)
+        return deferred.messenger(self._context).recv(group, rank, async_op, timeout)
 
     def broadcast(self, obj: Any, src: tuple[str, int], groups: tuple[str, ...]) -> Any:
         """``obj`` of the worker ``src`` (a (group, rank)), on every member of ``groups``; each of them calls it."""
-        return messenger(self._context).broadcast(obj, src, groups)
+        return deferred.messenger(self._context).broadcast(obj, src, groups)
 
     def log_debug(self, message: str, *args: Any) -> None:
         self.logger.debug(message, *args)
