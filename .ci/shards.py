@@ -1,16 +1,15 @@
-"""The suite as three pytest processes at once: what the ``fake`` tox env runs (``tox -e fake -- ARGS`` runs
+"""The suite as two pytest processes at once: what the ``fake`` tox env runs (``tox -e fake -- ARGS`` runs
 ``pytest ARGS`` alone instead).
 
 Most of the suite's wall time is spent waiting (worker processes starting, Ray clusters coming up, deaths being
 noticed, a fresh clone's install), not computing: on the 2-core CI machine the whole suite took 21 minutes in one
-process, two shards 13 minutes side by side, while the machine's CPUs were busy 37% of the time. Each shard is a
-pytest session of its own, with its own local Ray cluster and its own temporary folder, so nothing is shared
-between them but the machine.
+process, and the two shards below 13 minutes side by side. Each shard is a pytest session of its own,
+with its own local Ray cluster and its own temporary folder, so nothing is shared between them but the machine.
 
-The split is by folder or file, each shard about a third of the time: the Ray plugin's tests and the GPU check's
-CPU mode; the quick start on a fresh clone, the docs' code and the weight sync's tests on Ray; everything else.
-Each shard's output is written to a file while it runs (``HWPLACE_SHARD_LOGS``, default a temporary folder,
-named at the start) and printed whole when all are done; the exit status is the first failing shard's, else 0.
+The split is by folder, each shard about half the time: the Ray plugin's tests, the quick start on a fresh clone,
+the docs' code and the GPU check's CPU mode in one; everything else in the other. Each shard's output is written
+to a file while it runs (``HWPLACE_SHARD_LOGS``, default a temporary folder, named at the start) and printed
+whole when both are done; the exit status is the first failing shard's, else 0.
 """
 
 from __future__ import annotations
@@ -23,13 +22,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMED = {
-    "ray plugin, GPU check": ["tests/plugins", "tests/test_gpu_check.py"],
-    "fresh clone, docs, weight sync": ["tests/test_fresh_clone.py", "tests/test_docs.py",
-                                       *(f"tests/runtime/test_weight_sync_{part}.py"
-                                         for part in ("faults", "groups", "rejoin", "relay"))],
-}
-SHARDS = {**NAMED, "the rest": ["tests", *(f"--ignore={path}" for paths in NAMED.values() for path in paths)]}
+ONE = ["tests/plugins", "tests/test_fresh_clone.py", "tests/test_docs.py", "tests/test_gpu_check.py"]
+SHARDS = {"ray plugin, fresh clone, docs": ONE,
+          "the rest": ["tests", *(f"--ignore={path}" for path in ONE)]}
 
 
 def main(args: list[str]) -> int:
