@@ -242,3 +242,23 @@ def test_digests_posted_for_another_write_stand_for_nothing(checks: list[int]) -
     finally:
         source.close()
         target.close()
+
+
+def test_a_version_nobody_checked_while_written_is_checked_once_for_the_node_by_the_first_to_take_it(
+        checks: list[int]) -> None:
+    source, first, second = SameNode(f"late-{os.getpid()}"), SameNode("first"), SameNode("second")
+    try:
+        _, note = laid_down(source, 1, state(1))  # its Writing note went unheard: no target was waiting
+        for target in (first, second):
+            got = target.take(note)
+            assert got is not None
+            assert got.weights().tensors["a"][0] == 1.0
+        assert checks == [1]  # the first target's, posted for the second
+        _, note = laid_down(source, 2, state(2), corrupt=True)
+        for target in (first, second):
+            with pytest.raises(hwplace.WeightSyncError, match="does not match its digest"):
+                target.take(note)
+        assert checks == [1, 1, 1]  # a check that failed posts nothing: each target finds the corruption
+    finally:
+        for end in (source, first, second):
+            end.close()

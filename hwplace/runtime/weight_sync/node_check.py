@@ -9,7 +9,9 @@ shared cache, and posts the digests of that write (its serial) on the board. Eac
 announced digests with the posted ones, under its shared lock on the segment, whose stamp says that write is what
 it holds: equal, the version is checked; not posted, or different, the target hashes the version itself, as
 without a board (so a corrupted version is a ``WeightSyncError`` wherever it was found). A target waits for a
-claimed board to be posted only while its checker lives and for at most :data:`WAIT_POSTED` seconds.
+claimed board to be posted only while its checker lives and for at most :data:`WAIT_POSTED` seconds. A
+version no target checked while it was written (none was waiting, or a relay received it) is checked by the
+first target to take it, for the node in the same way (:func:`check_for_node`).
 
 The board is a small file of the source's (a memfd on Linux); a target opens it through ``/proc/<pid>/fd`` and
 maps it shared. Imports the foundation and the buckets and segments modules.
@@ -24,7 +26,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from hwplace.runtime.weight_sync.buckets import Hasher
 from hwplace.runtime.weight_sync.segments import CHUNK, SegmentRef, progress
@@ -32,6 +34,7 @@ from hwplace.runtime.weight_sync.segments import CHUNK, SegmentRef, progress
 BOARD_BYTES = 64 * 1024  # the board: a header, then the posted digests, one per line
 HEAD = struct.Struct("<qq")  # the serial whose digests are posted (0: none, or being posted), their text's length
 POLL = 0.0002  # seconds between looks at a write's progress, or at a board being posted
+T = TypeVar("T")
 WAIT_POSTED = 2.0  # the longest a target waits for a claimed board to be posted before it checks by itself
 
 
@@ -129,6 +132,22 @@ def check_while_written(board: Board, ref: SegmentRef, mapping: Any, going: Call
         return digests is not None
     finally:
         board.let_go()
+
+
+def check_for_node(board: Board, serial: int, digests: Sequence[str], check: Callable[[], T]) -> T:
+    """Run ``check`` (a full check of write ``serial`` against ``digests``, raising when it fails) holding
+    ``board`` when no other target does, and post the digests it found: the node's other targets then compare
+    and take the version without reading it again. Without the board (another target holds it, for another
+    write) the check runs all the same, and nothing is posted."""
+    claimed = board.claim()
+    try:
+        version = check()
+        if claimed:
+            board.post(serial, digests)
+        return version
+    finally:
+        if claimed:
+            board.let_go()
 
 
 def _hash_while_written(ref: SegmentRef, mapping: Any, going: Callable[[], bool]) -> list[str] | None:

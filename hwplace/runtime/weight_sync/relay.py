@@ -4,7 +4,8 @@ To a node other than the source's, the source sends each version once, to that n
 rank, :func:`~hwplace.planning.sync_plan.relays`). The relay receives the buckets straight into a shared-memory
 segment of its own (:meth:`~hwplace.runtime.weight_sync.segments.SegmentPool.fill`) and announces the version to
 its node's other target ranks on a link to each, as the source announces a ``same-node`` version: they map the
-segment and read it in place, checking the source's digests. So each byte crosses to each node once, and the
+segment and read it in place, one of them checking the source's digests for the node (the relay's board,
+:mod:`~hwplace.runtime.weight_sync.node_check`). So each byte crosses to each node once, and the
 source's sends grow with the nodes, not with the target ranks.
 
 The relay's thread is its link's receiver: it relays from the relay process's first ``latest()`` or
@@ -14,7 +15,7 @@ with a ``RuntimeWarning`` (in the relay's process) and reported in the rendezvou
 ``dead_targets`` reads it (:func:`dead_key`); a rank its group restarts is linked again and offered the newest
 version. A relay that dies breaks its node's links: their receivers wait for its group to restart it and link to
 the new process, or (no restart) their ``latest()`` is a ``WeightSyncError`` naming the relay. Imports the layers
-below, the planning's sync plan, and the room's links, segments and transports modules.
+below, the planning's sync plan, and the room's links, node-check, segments and transports modules.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import find_entry
 from hwplace.runtime.weight_sync.announcements import Announcement, Follows, recv_pickle
 from hwplace.runtime.weight_sync.links import WATCH, Link, link_key
+from hwplace.runtime.weight_sync.node_check import Board
 from hwplace.runtime.weight_sync.segments import SegmentPool
 from hwplace.runtime.weight_sync.transports import deliver
 
@@ -67,7 +69,8 @@ class Relay:
         self.me = me
         self.mates = mates
         self.context = context
-        self.pool = SegmentPool(f"{uid}-relay")
+        self.board = Board.create(f"{uid}-relay")  # its node's targets check each version once for the node
+        self.pool = SegmentPool(f"{uid}-relay", -1 if self.board is None else self.board.fd)
         self.lock = threading.Lock()
         self.links: dict[Member, Link] = {}
         self.dead: dict[Member, str] = {}
@@ -169,6 +172,8 @@ class Relay:
                 link.close()
             self.links.clear()
         self.pool.close()
+        if self.board is not None:
+            self.board.close()
 
 
 def relayed_dead(rendezvous: Rendezvous, uid: str, nodes: list[int]) -> dict[Member, str]:

@@ -38,7 +38,7 @@ from hwplace.runtime.weight_sync.buckets import INLINE_BYTES, Entry, Packed, Wei
 from hwplace.runtime.weight_sync.device_ring import RingDescriptor, RingReader, RingWriter
 from hwplace.runtime.weight_sync.device_share import physical_device
 from hwplace.runtime.weight_sync.links import ANNOUNCED_BYTES, Link, buckets_of, fan_out, forewarn
-from hwplace.runtime.weight_sync.node_check import Board, check_while_written, wait_posted
+from hwplace.runtime.weight_sync.node_check import Board, check_for_node, check_while_written, wait_posted
 from hwplace.runtime.weight_sync.segments import HeldBytes, HeldFile, SegmentPool, SegmentReader, SegmentRef
 
 KEEP_BOARDS = 4  # a target keeps the boards of this many sources (a restarted source makes a new one)
@@ -157,7 +157,8 @@ class SameNode:
         """The version, checked; None when its segment has since been given to a newer version. Its buckets are
         not read again when the digests a target of the node posted for that write of it
         (:mod:`~hwplace.runtime.weight_sync.node_check`) are the announced ones: the version is held there, and its
-        stamp says no other write was made into it since."""
+        stamp says no other write was made into it since. Else this target checks it, for the node when no other
+        target is checking it now (:func:`check_for_node`)."""
         held: HeldFile | HeldBytes | None
         if isinstance(note.where, SegmentRef):
             held = self.reader.hold(note.where)
@@ -165,10 +166,11 @@ class SameNode:
                 return None
             readable = self.reader.checking(note.where)
             board = self._board_of(note.where)
-            posted = None if board is None or readable is None else wait_posted(board, note.where.serial)
-            if readable is not None and posted == list(note.digests):
+            if board is None or readable is None:
+                return checked(note, held, readable)
+            if wait_posted(board, note.where.serial) == list(note.digests):
                 return HostVersion(note, held, None, readable)
-            return checked(note, held, readable)
+            return check_for_node(board, note.where.serial, note.digests, lambda: checked(note, held, readable))
         assert isinstance(note.where, InlineVersion)
         return checked(note, HeldBytes(note.where.buckets))
 
