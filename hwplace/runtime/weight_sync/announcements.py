@@ -1,15 +1,16 @@
-"""What a weight sync's link carries: each version's :class:`Announcement` (where the version lies: in the
-announcement itself, :class:`InlineVersion`; in a segment of a node,
+"""What a weight sync's link carries: each version's :class:`Announcement` (where the version lies: in the announcement
+itself, :class:`InlineVersion`, which a target holds as :class:`HeldBytes`; in a segment of a node,
 :class:`~hwplace.runtime.weight_sync.segments.SegmentRef`, after a :class:`Writing` note while the source writes it;
-in the source's device buckets,
-:class:`~hwplace.runtime.weight_sync.device_ring.RingDescriptor`; or following it on the link, :class:`Follows`),
-and how a value travels on a link: :func:`frames` (one fixed-size buffer, a second for the rest of a large pickle),
-read back by :func:`recv_pickle`. Imports the records of the segments and device-ring modules; torch is passed in.
+in the source's device buckets, :class:`~hwplace.runtime.weight_sync.device_ring.RingDescriptor`; or following it on
+the link, :class:`Follows`), and how a value travels on a link: :func:`frames` (one fixed-size buffer, a second for
+the rest of a large pickle), read back by :func:`recv_pickle`. Imports the records of the segments and device-ring
+modules; torch is passed in, numpy imported on first use.
 """
 
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,21 @@ class InlineVersion:
     """A small version in its announcement: each bucket's bytes."""
 
     buckets: tuple[bytes, ...]
+
+
+class HeldBytes:
+    """A small version's buckets as bytes (from its announcement): each :meth:`views` is a copy of its own."""
+
+    def __init__(self, buckets: Sequence[bytes]) -> None:
+        self.buckets = tuple(buckets)
+
+    def views(self) -> list[Any]:
+        import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
+
+        return [np.frombuffer(bytearray(data), dtype=np.uint8) for data in self.buckets]
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass(frozen=True)

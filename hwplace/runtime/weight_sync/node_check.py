@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from hwplace.runtime.weight_sync.buckets import Hasher
-from hwplace.runtime.weight_sync.segments import CHUNK, SegmentRef, progress
+from hwplace.runtime.weight_sync.segments import CHUNK, SegmentRef, progress, try_lock
 
 BOARD_BYTES = 64 * 1024  # the board: a header, then the posted digests, one per line
 HEAD = struct.Struct("<qq")  # the serial whose digests are posted (0: none, or being posted), their text's length
@@ -77,7 +77,7 @@ class Board:
     def claim(self) -> bool:
         """Whether this process may check the write now (no other target does): an exclusive lock, until
         :meth:`let_go` or this process's end."""
-        self._claimed = not self._claimed and _try_lock(self.fd, fcntl.LOCK_EX)
+        self._claimed = not self._claimed and try_lock(self.fd, fcntl.LOCK_EX)
         return self._claimed
 
     def let_go(self) -> None:
@@ -88,7 +88,7 @@ class Board:
         """Whether another target holds the board now (it is checking a write)."""
         if self._claimed:
             return False
-        if not _try_lock(self.fd, fcntl.LOCK_SH):
+        if not try_lock(self.fd, fcntl.LOCK_SH):
             return True
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         return False
@@ -182,10 +182,3 @@ def wait_posted(board: Board, serial: int) -> list[str] | None:
             return found if found is not None else board.posted(serial)
         time.sleep(POLL)
 
-
-def _try_lock(fd: int, kind: int) -> bool:
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True

@@ -172,7 +172,7 @@ class SegmentPool:
         """A segment of at least ``need`` bytes that no target holds, locked exclusively: the oldest free one,
         else a new one (free segments too small for it are let go)."""
         for segment in sorted(self._segments, key=lambda s: s.version):
-            if _try_lock(segment.fd, fcntl.LOCK_EX):
+            if try_lock(segment.fd, fcntl.LOCK_EX):
                 if segment.capacity >= need:
                     return segment
                 self._segments.remove(segment)
@@ -251,21 +251,6 @@ class HeldFile:
         self._closer()
 
 
-class HeldBytes:
-    """A small version's buckets as bytes (from its announcement): each :meth:`views` is a copy of its own."""
-
-    def __init__(self, buckets: Sequence[bytes]) -> None:
-        self.buckets = tuple(buckets)
-
-    def views(self) -> list[Any]:
-        import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
-
-        return [np.frombuffer(bytearray(data), dtype=np.uint8) for data in self.buckets]
-
-    def close(self) -> None:
-        pass
-
-
 def receiving(lengths: Sequence[int]) -> tuple[list[Any], HeldFile]:
     """A file of this process for buckets of ``lengths`` to be received into: writable views to fill (shared
     with the file), and the file, held (:class:`HeldFile`) once they are filled and dropped."""
@@ -313,7 +298,7 @@ class SegmentReader:
                                   f"(process {ref.pid}) and this target must run as the same user on one node, "
                                   "with /proc readable") from None
         try:
-            if os.fstat(fd).st_ino != ref.inode or not _try_lock(fd, fcntl.LOCK_SH):
+            if os.fstat(fd).st_ino != ref.inode or not try_lock(fd, fcntl.LOCK_SH):
                 os.close(fd)
                 return None  # another file now, or the source is writing a newer version into it
             magic, version, serial = STAMP.unpack(os.pread(fd, STAMP.size, 0))
@@ -392,7 +377,8 @@ def progress(mapping: Any) -> tuple[int, int]:
     return serial, WORD.unpack_from(mapping, DONE)[0]
 
 
-def _try_lock(fd: int, kind: int) -> bool:
+def try_lock(fd: int, kind: int) -> bool:
+    """Take the file lock ``kind`` (``fcntl.LOCK_SH`` or ``LOCK_EX``) on ``fd`` if no other holder is in the way."""
     try:
         fcntl.flock(fd, kind | fcntl.LOCK_NB)
     except BlockingIOError:

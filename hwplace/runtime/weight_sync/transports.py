@@ -33,13 +33,13 @@ from typing import Any
 from hwplace.config.weight_sync import DEFAULT_BUCKET_BYTES, DEFAULT_DEVICE_BUCKETS
 from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SAME_NODE
 from hwplace.runtime.messaging.communicator import torch_module
-from hwplace.runtime.weight_sync.announcements import Announcement, Follows, InlineVersion, Writing
+from hwplace.runtime.weight_sync.announcements import Announcement, Follows, HeldBytes, InlineVersion, Writing
 from hwplace.runtime.weight_sync.buckets import INLINE_BYTES, Entry, Packed, Weights, check, pack, sizes, unpack
 from hwplace.runtime.weight_sync.device_ring import RingDescriptor, RingReader, RingWriter
 from hwplace.runtime.weight_sync.device_share import physical_device
 from hwplace.runtime.weight_sync.links import ANNOUNCED_BYTES, Link, buckets_of, fan_out, forewarn
 from hwplace.runtime.weight_sync.node_check import Board, check_for_node, check_while_written, wait_posted
-from hwplace.runtime.weight_sync.segments import HeldBytes, HeldFile, SegmentPool, SegmentReader, SegmentRef
+from hwplace.runtime.weight_sync.segments import HeldFile, SegmentPool, SegmentReader, SegmentRef
 
 KEEP_BOARDS = 4  # a target keeps the boards of this many sources (a restarted source makes a new one)
 EARLY_BYTES = 8 * 2**20  # a same-node version this large is checked by a target as it is written (a note first)
