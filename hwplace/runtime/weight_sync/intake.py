@@ -6,9 +6,9 @@ caller's thread: nothing is copied behind the caller's back (on a shared GPU, ne
 turn). A version whose buckets or segment hold a newer one by then is skipped for that one; a version that does not
 match its digests is a ``WeightSyncError``, once, and the previous one stays the latest; while a version of at
 least ``min_version`` is awaited, older ones are not taken, and one the source is writing into the node's
-shared memory is hashed bucket by bucket as it is written (it becomes the latest only once announced whole and
-its digests match). The target keeps the newest version it took, and
-each ``latest()`` call gets tensors of its own: copy-on-write views of a version in host memory
+shared memory may be checked for the whole node as it is written (by whichever waiting target claims the source's
+board first; it becomes the latest only once announced whole and its digests match). The target keeps the newest
+version it took, and each ``latest()`` call gets tensors of its own: copy-on-write views of a version in host memory
 (:class:`~hwplace.runtime.weight_sync.transports.HostVersion`), a copy from the source's device buckets of a same-device
 one, into the buffer of the one before when nothing else holds that any more; ``load_into`` copies one
 straight from the source's buckets into the module. Imports the layers below and the room's buckets,
@@ -45,7 +45,7 @@ class Intake:
         self._kept_note: Announcement | None = None
         self._buffer: Any = None  # the device buffer the kept same-device version lies in
         self._seen = 0  # the newest version taken or tried
-        self._early = 0  # the newest version hashed while its source wrote it (SameNode.early)
+        self._early = 0  # the newest version whose Writing note this intake acted on (SameNode.early)
 
     def latest(self, min_version: int, timeout: float | None) -> Weights:
         """The newest version that is intact, waiting (up to ``timeout`` s) for one at least ``min_version``: tensors
