@@ -11,6 +11,7 @@ The executor is the test id's first part: ``test_x[ray]``, ``test_x[processes]``
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ import hwplace
 from hwplace.testing import Session, process_cluster, swapped_session
 
 EXECUTORS = ("ray", "processes")
+PRELOAD = [name for name in ("torch",) if importlib.util.find_spec(name)]  # the process cluster's workers import it
 NODES, ACCELERATORS = 2, 4  # the shape of both: the session's Ray cluster (pyproject.toml) and the process one
 
 
@@ -39,5 +41,6 @@ def cluster(executor_name: str, request: pytest.FixtureRequest) -> Iterator[hwpl
             yield hwplace.Cluster(config)
         else:
             rest = {k: v for k, v in config.items() if k != "num_nodes"}
-            with process_cluster(config.get("num_nodes", NODES), ACCELERATORS, cluster_cfg=rest) as made:
+            with process_cluster(config.get("num_nodes", NODES), ACCELERATORS, cluster_cfg=rest,
+                                 preload=PRELOAD) as made:
                 yield made

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import policy as rl  # beside this file
+import task
 import torch
 import torch.distributed as dist
 from resilience import Collective
@@ -24,7 +25,7 @@ class Trainer(hwplace.Worker):
     def __init__(self, settings: dict[str, Any]) -> None:
         torch.set_num_threads(1)
         self.settings = settings
-        self.task = rl.task_of(settings)
+        self.task = task.task_of(settings)
         torch.manual_seed(settings["seed"] + self.rank)  # different on purpose: attach() makes them alike
         self.policy = rl.Policy(self.task.max_len)
         self.params = list(self.policy.parameters())
@@ -34,7 +35,7 @@ class Trainer(hwplace.Worker):
         self.stash: dict[str, Any] | None = None
         self.turns: list[tuple[float, float]] = []
         self.swaps = 0
-        self.held_out = rl.held_out(self.task, settings["eval_prompts"])
+        self.held_out = task.held_out(self.task, settings["eval_prompts"])
         self.sync: hwplace.WeightSync | None = None
         self.version = 0  # the run's version of these weights (0: never published)
         self.offset = 0  # the run's version minus the sync's (a resumed run's sync counts from 1 again)

@@ -103,7 +103,7 @@ class Target(Patient):
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.add_(0.5)  # an optimizer step, in place
-        written = sorted({float(v) for p in model.parameters() for v in p.reshape(-1)})
+        written = sorted({float(v) for p in model.parameters() for v in torch.unique(p)})
         return written, values(sync.latest(timeout=60))
 
     def mapped_segments(self) -> set[int]:

@@ -85,7 +85,7 @@ class Trainer(hwplace.Worker):
 class Rollout(hwplace.Worker):
     def latest(self, sync: hwplace.WeightSync, min_version: int) -> tuple[int, list[float]]:
         weights = sync.latest(min_version=min_version, timeout=120)
-        return weights.version, sorted({float(v) for t in weights.tensors.values() for v in t.float().reshape(-1)})
+        return weights.version, sorted({float(v) for t in weights.tensors.values() for v in torch.unique(t.float())})
 
     def latest_and_die_midway(self, sync: hwplace.WeightSync, min_version: int) -> tuple[int, list[float]]:
         """Waits in ``latest`` for ``min_version``, and is SIGKILLed while that version's buckets arrive (after the

@@ -45,7 +45,7 @@ class Trainer(hwplace.Worker):
 class Rollout(hwplace.Worker):
     def latest(self, sync: hwplace.WeightSync, min_version: int) -> tuple[int, list[float]]:
         weights = sync.latest(min_version=min_version, timeout=120)
-        return weights.version, sorted({float(v) for t in weights.tensors.values() for v in t.float().reshape(-1)})
+        return weights.version, sorted({float(v) for t in weights.tensors.values() for v in torch.unique(t.float())})
 
     def latest_or_error(self, sync: hwplace.WeightSync, min_version: int) -> str:
         try:

@@ -1,4 +1,4 @@
-"""The executor of a process cluster: simulated nodes on this machine, each worker a child process.
+"""The executor of a process cluster: simulated nodes on this machine, each worker a process of its own.
 
 ``ProcessExecutor(num_nodes=2, accelerators_per_node=4)`` simulates nodes whose environment holds
 ``HWPLACE_NODE_RANK`` and ``HWPLACE_FAKE_ACCELERATORS``; ``node_envs`` gives each node's environment instead;
@@ -11,6 +11,7 @@ the layers below and this package.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import socket
 import threading
@@ -43,6 +44,7 @@ from hwplace.foundation.settings import FAKE_ACCELERATORS, NODE_RANK, read_node_
 from hwplace.inventory.leases import lease_refusal
 from hwplace.inventory.offline import accelerator_counts
 from hwplace.planning.sharing import shared_accelerators
+from hwplace.testing.processes.forked import Zygote
 from hwplace.testing.processes.hub import Hub
 from hwplace.testing.processes.probe import probe_nodes
 from hwplace.testing.processes.runtime import EXECUTOR_NAME, ProcessGroupRuntime
@@ -68,14 +70,28 @@ def _node_envs(num_nodes: int, accelerators_per_node: int | Sequence[int], node_
             for rank, count in enumerate(counts)]
 
 
+def _preload(preload: Sequence[str] | None) -> tuple[str, ...] | None:
+    if preload is None:
+        return None
+    if isinstance(preload, str) or not all(isinstance(name, str) for name in preload):
+        raise ConfigError("preload", "names of modules for the workers' zygote to import", value=preload,
+                          allowed="a list of module names, or None to start each worker as a new interpreter")
+    missing = [name for name in preload if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError("preload", f"no module named {', '.join(map(repr, missing))} here", value=list(preload),
+                          allowed="modules this interpreter can import")
+    return tuple(preload)
+
+
 class ProcessExecutor(Executor, ChannelHosting, Rendezvous, Leases, TurnArbitration, Restarts):
-    """Runs each worker as a child process of the driver, on simulated nodes of this machine."""
+    """Runs each worker as a process of its own (forked by the cluster's zygote, or a new interpreter), on
+    simulated nodes of this machine."""
 
     name = EXECUTOR_NAME
 
     def __init__(self, num_nodes: int = 1, accelerators_per_node: int | Sequence[int] = 0, *,
                  node_envs: Sequence[Mapping[str, str]] | None = None, inherit_env: bool = False,
-                 env_vars: Mapping[str, str] | None = None) -> None:
+                 env_vars: Mapping[str, str] | None = None, preload: Sequence[str] | None = ()) -> None:
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
             raise ConfigError("num_nodes", "a whole number of nodes, at least 1", value=num_nodes)
         self._node_envs = _node_envs(num_nodes, accelerators_per_node, node_envs, inherit_env, env_vars)
@@ -83,6 +99,7 @@ class ProcessExecutor(Executor, ChannelHosting, Rendezvous, Leases, TurnArbitrat
         self._node_ids = [f"processes-{token}-node{rank}" for rank in range(len(self._node_envs))]
         self._authkey = os.urandom(32)
         self._address: Address | None = None
+        self._preload = _preload(preload)
         self._setup()
 
     def _setup(self) -> None:
@@ -91,10 +108,11 @@ class ProcessExecutor(Executor, ChannelHosting, Rendezvous, Leases, TurnArbitrat
         self._groups: dict[str, ProcessGroupRuntime] = {}
         self._lock = threading.RLock()
         self._job_name: str | None = None
+        self._zygote = None if self._preload is None else Zygote(self._preload)  # started by the first fork
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_node_envs": self._node_envs, "_node_ids": self._node_ids, "_authkey": self._authkey,
-                "_address": self._address}
+                "_address": self._address, "_preload": self._preload}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -128,6 +146,8 @@ class ProcessExecutor(Executor, ChannelHosting, Rendezvous, Leases, TurnArbitrat
             groups, service, self._service = list(self._groups.values()), self._service, None
         for group in groups:
             group.shutdown()
+        if self._zygote is not None:
+            self._zygote.stop()
         if service is not None:
             service.close()
             service.hub.close()
@@ -164,7 +184,8 @@ class ProcessExecutor(Executor, ChannelHosting, Rendezvous, Leases, TurnArbitrat
         assert service is not None
         with self._lock:
             self._refuse_running(request.name)
-            runtime = ProcessGroupRuntime(request, service, self._authkey, self._node_envs, self, self._release)
+            runtime = ProcessGroupRuntime(request, service, self._authkey, self._node_envs, self, self._release,
+                                          self._zygote)
             self._groups[request.name] = runtime
             running = dict(self._groups)
         workers = request.workers

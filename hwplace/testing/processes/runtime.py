@@ -24,6 +24,7 @@ from hwplace.foundation.errors import CallCancelled, HwplaceError, WorkerError
 from hwplace.foundation.timeouts import wait_timeout
 from hwplace.runtime.hosting import unpicklable_arguments
 from hwplace.runtime.restarts import Incarnations
+from hwplace.testing.processes.forked import Zygote
 from hwplace.testing.processes.service import HubService
 from hwplace.testing.processes.wire import dumps
 from hwplace.testing.processes.workers import Outcome, WorkerProcess
@@ -52,13 +53,15 @@ class ProcessGroupRuntime(GroupRuntime):
     """The worker processes of one group, in rank order."""
 
     def __init__(self, request: GroupRequest, service: HubService, authkey: bytes,
-                 node_envs: Sequence[Mapping[str, str]], executor: Any, release: Callable[[str], None]) -> None:
+                 node_envs: Sequence[Mapping[str, str]], executor: Any, release: Callable[[str], None],
+                 zygote: Zygote | None = None) -> None:
         self.name = request.name
         self.worker_class = request.worker_class
         self.specs = tuple(request.workers)
         self._release = release
         self._ids = itertools.count(1)
         self._service, self._authkey, self._node_envs, self._executor = service, authkey, node_envs, executor
+        self._zygote = zygote
         self._args, self._kwargs = request.args, dict(request.kwargs)
         self.incarnations = Incarnations(len(self.specs))
         with _pickled(self.name, range(len(self.specs)), "the constructor", (request.worker_class, *request.args),
@@ -81,7 +84,7 @@ class ProcessGroupRuntime(GroupRuntime):
             self.incarnations.died(rank, incarnation, self._death(rank, why))
 
         return WorkerProcess(self._service, self._authkey, spec.python_interpreter_path,
-                             self._node_envs[spec.node.rank], spec.process_env, start, exited)
+                             self._node_envs[spec.node.rank], spec.process_env, start, exited, self._zygote)
 
     def _death(self, rank: int, why: str) -> str:
         spec = self.specs[rank]

@@ -1,7 +1,8 @@
 """What the driver and the processes of a process cluster say to each other, and how they start.
 
 Messages are pickles (protocol 5) sent over a :mod:`multiprocessing.connection` that authenticated with the
-cluster's key; a value plain pickle refuses (a class defined in a function) is tried again with cloudpickle
+cluster's key (with a zygote, over a Unix socket that may pass descriptors: :func:`write`, :func:`read`); a value
+plain pickle refuses (a class defined in a function) is tried again with cloudpickle
 when it is installed. A child learns where to call and the key from its standard input, never from its
 command line or environment. Imports the standard library only.
 """
@@ -12,6 +13,8 @@ import importlib
 import os
 import pickle
 import signal
+import socket
+import struct
 import sys
 from collections.abc import Mapping
 from multiprocessing.connection import Client, Connection
@@ -19,6 +22,8 @@ from typing import Any
 
 Address = tuple[str, int]
 HOST = "127.0.0.1"
+HEADER = struct.Struct("!I")  # a zygote's message: its length, then its pickle
+MAX_FDS = 2
 
 
 def dumps(value: Any) -> bytes:
@@ -50,6 +55,32 @@ def dial(address: Address, authkey: bytes, role: tuple[Any, ...]) -> Connection:
     connection = Client(address, authkey=authkey)
     send(connection, role)
     return connection
+
+
+def write(sock: socket.socket, message: Any, fds: list[int] | None = None) -> None:
+    """One message: its length, then its pickle, with ``fds`` passed beside its first bytes."""
+    data = pickle.dumps(message, protocol=5)
+    frame = HEADER.pack(len(data)) + data
+    sent = socket.send_fds(sock, [frame], fds) if fds else sock.send(frame)
+    if sent < len(frame):
+        sock.sendall(frame[sent:])
+
+
+def read(sock: socket.socket) -> tuple[Any, list[int]]:
+    """One message and the descriptors that came with it; EOFError when the other end closed."""
+    head, fds, _, _ = socket.recv_fds(sock, HEADER.size, MAX_FDS)
+    while head and len(head) < HEADER.size:
+        head += sock.recv(HEADER.size - len(head))
+    if len(head) < HEADER.size:
+        raise EOFError
+    (size,) = HEADER.unpack(head)
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return pickle.loads(data), fds
 
 
 def driver_paths() -> str:

@@ -1,4 +1,5 @@
-"""A worker process of a process cluster: ``python -m hwplace.testing.processes.worker_main``.
+"""A worker process of a process cluster: ``python -m hwplace.testing.processes.worker_main``, or a child of the
+cluster's zygote (:mod:`~hwplace.testing.processes.zygote`), which calls :func:`run`.
 
 It reads the hub's address, the cluster's key and its own id from standard input, calls the driver, and
 hosts its worker as a Ray actor of hwplace's would: plain methods run one at a time, in call order, on one
@@ -125,10 +126,14 @@ async def serve(connection: Connection) -> None:
     await asyncio.Event().wait()  # until the driver ends this process
 
 
-def main() -> None:
-    address, authkey, worker_id = pickle.load(sys.stdin.buffer)
-    connection = dial(tuple(address), authkey, ("worker", worker_id))
+def run(address: tuple[str, int], authkey: bytes, worker_id: str) -> None:
+    """Call the driver's hub as worker ``worker_id`` and host the worker it sends, until the driver ends it."""
+    connection = dial((address[0], address[1]), authkey, ("worker", worker_id))
     asyncio.run(serve(connection))
+
+
+def main() -> None:
+    run(*pickle.load(sys.stdin.buffer))
 
 
 if __name__ == "__main__":

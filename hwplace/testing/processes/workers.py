@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from hwplace.runtime.hosting import RemoteFailure
+from hwplace.testing.processes.forked import ForkedProcess, Zygote
 from hwplace.testing.processes.service import HubService
 from hwplace.testing.processes.wire import child_env, dumps, exit_status, receive
 
@@ -31,11 +32,13 @@ Outcome = tuple[Any, ...]
 
 
 class WorkerProcess:
-    """A child process hosting one worker; ``start`` (pickled) is the first message it gets. ``on_exit(why)``
-    is told when the child ends by itself (not when told to stop), once its calls have ended."""
+    """A child process hosting one worker, forked by ``zygote`` where it can, else a new interpreter; ``start``
+    (pickled) is the first message it gets. ``on_exit(why)`` is told when the child ends by itself (not when told
+    to stop), once its calls have ended."""
 
     def __init__(self, service: HubService, authkey: bytes, python: str | None, node_env: Mapping[str, str],
-                 process_env: Mapping[str, str], start: bytes, on_exit: Callable[[str], None] | None = None) -> None:
+                 process_env: Mapping[str, str], start: bytes, on_exit: Callable[[str], None] | None = None,
+                 zygote: Zygote | None = None) -> None:
         self.worker_id = os.urandom(8).hex()
         self._on_exit = on_exit
         self._lock = threading.Lock()
@@ -48,19 +51,22 @@ class WorkerProcess:
         self._stopping: str | None = None  # why it was told to stop
         self._service = service
         service.expect(self.worker_id, self._attach)
-        interpreter = python or sys.executable
-        try:
-            self.process: subprocess.Popen[bytes] | None = subprocess.Popen(
-                [interpreter, "-m", MODULE], stdin=subprocess.PIPE, env=child_env(node_env, process_env))
-        except OSError as exc:
-            self.process = None
-            service.forget(self.worker_id)
-            self._die(f"it could not start ({interpreter}: {exc})")
-            return
-        assert self.process.stdin is not None
-        with contextlib.suppress(OSError):
-            self.process.stdin.write(dumps((service.address, authkey, self.worker_id)))
-            self.process.stdin.close()
+        interpreter, env = python or sys.executable, child_env(node_env, process_env)
+        hello = (service.address, authkey, self.worker_id)
+        self.process: subprocess.Popen[bytes] | ForkedProcess | None = None
+        if zygote is not None and interpreter == sys.executable:
+            self.process = zygote.fork(env, hello)
+        if self.process is None:
+            try:
+                self.process = subprocess.Popen([interpreter, "-m", MODULE], stdin=subprocess.PIPE, env=env)
+            except OSError as exc:
+                service.forget(self.worker_id)
+                self._die(f"it could not start ({interpreter}: {exc})")
+                return
+            assert self.process.stdin is not None
+            with contextlib.suppress(OSError):
+                self.process.stdin.write(dumps(hello))
+                self.process.stdin.close()
         threading.Thread(target=self._watch, name="hwplace-worker-watch", daemon=True).start()
 
     @property
