@@ -353,15 +353,16 @@ class RayHandle(Handle):
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=remaining)
             self._collect(ready)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+        while pending:  # one rank's end at a time, so that a failure is raised without waiting for the others
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
             if not ready:
-                remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-                ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
-                if not ready:
-                    self._raise_failures()
-                    raise TimeoutError(f"group {self._runtime.name!r}: {self._what} did not finish within "
-                                       f"{timeout:g} s on ranks {self._waiting_ranks()}; it goes on running")
+                self._raise_failures()
+                raise TimeoutError(f"group {self._runtime.name!r}: {self._what} did not finish within "
+                                   f"{timeout:g} s on ranks {self._waiting_ranks()}; it goes on running")
+            if pending:  # and every other rank that has ended meanwhile, without waiting
+                more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+                ready += more
             self._collect(ready)
             self._raise_failures()
         self._raise_failures()
