@@ -38,6 +38,7 @@ from typing import Any
 from hwplace.channels import wire
 from hwplace.channels.queues import Status
 from hwplace.foundation.errors import ChannelLost
+from hwplace.foundation.peer_files import KeptMappings, open_peer
 
 LANE_BYTES = 1 << 20
 """Items whose out-of-band buffers total at least this many bytes go by the lane (when it is open to them)."""
@@ -169,13 +170,9 @@ def parse(payload: bytes | bytearray | memoryview) -> tuple[bytes, int, int, int
 
 def _open(pid: int, fd: int, inode: int, flags: int = os.O_RDONLY) -> int | None:
     try:
-        opened = os.open(f"/proc/{pid}/fd/{fd}", flags | os.O_CLOEXEC)
+        return open_peer(pid, fd, inode, flags)
     except OSError:
         return None
-    if os.fstat(opened).st_ino != inode:
-        os.close(opened)
-        return None
-    return opened
 
 
 def _stamp(fd: int) -> tuple[int, int, int]:
@@ -188,7 +185,7 @@ class Reader:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._maps: dict[tuple[int, int, int], Any] = {}  # (pid, fd, inode): uint8 array over a kept mapping
+        self._maps = KeptMappings(KEEP)
 
     def load(self, payload: bytes | bytearray, describe: str, outright: bool) -> Any:
         """The item of a lane payload of this node, read in place (``outright``: got with ``ack=True``, so its slot
@@ -207,10 +204,13 @@ class Reader:
                 raise ChannelLost(f"{describe}: an item put through the same-node lane is no longer in its slot "
                                   f"(generation {held}, state {state}, wanted {generation} queued)")
             offsets, end = _offsets(sizes)
-            array = self._mapping(pid, fd, inode, end)
+            with self._lock:
+                mapping = self._maps.get((pid, fd, inode), end)
+            if mapping is None:
+                raise ChannelLost(f"{describe}: the producer's slot (process {pid}) is gone")
             # One array per item, over a memoryview (numpy's views keep such an array as their base, where a view
             # of a view would skip it): the item's arrays keep it alive, and its finalizer lets go of the lock.
-            base = np.frombuffer(memoryview(array[:end]), dtype=np.uint8)
+            base = np.frombuffer(memoryview(mapping)[:end], dtype=np.uint8)
             weakref.finalize(base, os.close, lock)
         except BaseException:
             os.close(lock)
@@ -220,38 +220,6 @@ class Reader:
         buffers = [base[o : o + s] for o, s in zip(offsets, sizes, strict=True)]
         del base
         return pickle.loads(data, buffers=buffers)
-
-    def _mapping(self, pid: int, fd: int, inode: int, end: int) -> Any:
-        import numpy as np  # noqa: PLC0415 (the lane carries out-of-band buffers: numpy's)
-
-        key = (pid, fd, inode)
-        with self._lock:
-            array = self._maps.pop(key, None)
-            if array is None or len(array) < end:
-                self._prune()
-                opened = _open(pid, fd, inode)
-                if opened is None:
-                    raise ChannelLost(f"the producer's slot (process {pid}) is gone")
-                try:
-                    mapping = mmap.mmap(opened, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                                        prot=mmap.PROT_READ)
-                finally:
-                    os.close(opened)
-                array = np.frombuffer(mapping, dtype=np.uint8)
-            self._maps[key] = array
-            while len(self._maps) > KEEP:
-                del self._maps[next(iter(self._maps))]
-            return array
-
-    def _prune(self) -> None:
-        for key in list(self._maps):
-            pid, fd, inode = key
-            try:
-                gone = os.stat(f"/proc/{pid}/fd/{fd}").st_ino != inode
-            except OSError:
-                gone = True
-            if gone:
-                del self._maps[key]
 
 
 READER = Reader()

@@ -342,15 +342,15 @@ def test_a_reader_checks_on_one_kept_mapping_per_segment_and_lets_go_of_those_th
         assert not views[0].flags.writeable  # read-only: callers get copy-on-write views of their own
         kept = [held]
     assert pool.count == 2
-    assert len(reader._checking) == 2  # one mapping per segment, made once
+    assert len(reader._kept) == 2  # one mapping per segment, made once
     live = {segment.inode for segment in pool._segments}
     del kept
     held = reader.hold(write(pool, 7, (5_000_000,)))  # larger: a new segment, the free too-small one let go
     assert held is not None
     assert mapped_inodes() <= {segment.inode for segment in pool._segments} | live
-    assert {inode for _, _, inode in reader._checking} <= {segment.inode for segment in pool._segments}
+    assert {inode for _, _, inode in reader._kept} <= {segment.inode for segment in pool._segments}
     gone = live - {segment.inode for segment in pool._segments}
     assert gone  # the one replaced was emptied before it was let go: what still maps it holds no memory
     del held
     reader.close()
-    assert not reader._checking
+    assert not reader._kept

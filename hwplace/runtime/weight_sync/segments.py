@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hwplace.foundation.errors import WeightSyncError
+from hwplace.foundation.peer_files import KeptMappings, open_peer, peer_path
 from hwplace.runtime.weight_sync.buckets import Hasher, aligned
 
 HEADER = 64  # bytes before the first bucket: the stamp, then the write's progress
@@ -282,25 +283,25 @@ class SegmentReader:
     memory even before then."""
 
     def __init__(self) -> None:
-        self._checking: dict[tuple[int, int, int], Any] = {}  # (pid, fd, inode): uint8 array of a kept mapping
+        self._kept = KeptMappings(KEEP)
 
     def hold(self, ref: SegmentRef) -> HeldFile | None:
         """The version ``ref`` names, held (a shared lock on its segment, for as long as the returned file or a
         view of it lives), or ``None`` when the segment has since been given to a newer version or let go."""
-        self._prune()
-        path = ref.path or f"/proc/{ref.pid}/fd/{ref.fd}"
+        self._kept.prune()
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            return None  # the source let the segment go: a newer version replaced it
+            fd = open_peer(ref.pid, ref.fd, ref.inode, path=ref.path)
         except OSError as exc:
+            path = ref.path or peer_path(ref.pid, ref.fd)
             raise WeightSyncError(f"cannot open the source's shared-memory segment {path} ({exc}); the source "
                                   f"(process {ref.pid}) and this target must run as the same user on one node, "
                                   "with /proc readable") from None
+        if fd is None:
+            return None  # the source let the segment go (a newer version replaced it), or it is another file now
         try:
-            if os.fstat(fd).st_ino != ref.inode or not try_lock(fd, fcntl.LOCK_SH):
+            if not try_lock(fd, fcntl.LOCK_SH):
                 os.close(fd)
-                return None  # another file now, or the source is writing a newer version into it
+                return None  # the source is writing a newer version into it
             magic, version, serial = STAMP.unpack(os.pread(fd, STAMP.size, 0))
             if magic != MAGIC or version != ref.version or serial != ref.serial:
                 os.close(fd)
@@ -318,50 +319,26 @@ class SegmentReader:
         mapped so (the caller checks its own views then)."""
         import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
-        key = (ref.pid, ref.fd, ref.inode)
         end = max((o + n for o, n in zip(ref.offsets, ref.lengths, strict=True)), default=0)
-        array = self._checking.pop(key, None)
-        if array is None or len(array) < end:
-            try:
-                fd = os.open(ref.path or f"/proc/{ref.pid}/fd/{ref.fd}", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError:
-                return None
-            try:  # a description of its own, never locked: the mapping must not keep the holder's lock
-                if os.fstat(fd).st_ino != ref.inode:
-                    return None
-                populate = getattr(mmap, "MAP_POPULATE", 0)
-                array = np.frombuffer(mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ),
-                                      dtype=np.uint8)
-            except (OSError, ValueError):
-                return None
-            finally:
-                os.close(fd)
-            if len(array) < end:
-                return None
-        self._checking[key] = array  # the most recently used last
-        while len(self._checking) > KEEP:
-            del self._checking[next(iter(self._checking))]
+        mapping = self._kept.get((ref.pid, ref.fd, ref.inode), end, ref.path)
+        if mapping is None:
+            return None
+        array = np.frombuffer(mapping, dtype=np.uint8)
         return [array[offset : offset + length] for offset, length in zip(ref.offsets, ref.lengths, strict=True)]
 
     def mapping(self, ref: SegmentRef) -> Any | None:
         """The whole of the read-only mapping this reader keeps of ``ref``'s segment (:meth:`checking`), header
-        included, or None."""
-        return None if self.checking(ref) is None else self._checking[ref.pid, ref.fd, ref.inode]
+        included, as a uint8 array, or None."""
+        import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
-    def _prune(self) -> None:
-        """Let go of the kept mappings of segments the source has let go (or that ended with it)."""
-        for key in list(self._checking):
-            pid, fd, inode = key
-            try:
-                gone = os.stat(f"/proc/{pid}/fd/{fd}").st_ino != inode
-            except OSError:
-                gone = True
-            if gone:
-                del self._checking[key]
+        if self.checking(ref) is None:
+            return None
+        kept = self._kept.kept((ref.pid, ref.fd, ref.inode))
+        return None if kept is None else np.frombuffer(kept, dtype=np.uint8)
 
     def close(self) -> None:
         """Let go of every kept mapping."""
-        self._checking.clear()
+        self._kept.clear()
 
     def take(self, ref: SegmentRef) -> list[Any] | None:
         """The version's buckets (writable copy-on-write views of the segment, which hold it until they are all
