@@ -27,6 +27,7 @@ import signal
 import socket
 import sys
 import traceback
+import warnings
 from typing import Any
 
 from hwplace.testing.processes import worker_main
@@ -103,7 +104,12 @@ def serve(sock: socket.socket) -> None:
                 (_, env, cwd, start), fds = read(sock)
             except (EOFError, ConnectionError):
                 return
-            pid = os.fork()
+            with warnings.catch_warnings():
+                # Python 3.12 warns of fork() in a process with other threads: here only a preloaded library's
+                # idle pool (OpenBLAS's, loaded with numpy), which prepares for a fork itself (pthread_atfork)
+                warnings.filterwarnings("ignore", message=".*fork\\(\\) may lead to deadlocks",
+                                        category=DeprecationWarning)
+                pid = os.fork()
             if pid == 0:
                 _child(sock, (wakeup_read, wakeup), env, cwd, fds, start)
             for fd in fds:
