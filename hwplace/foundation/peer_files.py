@@ -64,9 +64,6 @@ class KeptMappings:
             del self._kept[next(iter(self._kept))]
         return mapping
 
-    def kept(self, key: Key) -> mmap.mmap | None:
-        return self._kept.get(key)
-
     def clear(self) -> None:
         self._kept.clear()
 

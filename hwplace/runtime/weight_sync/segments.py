@@ -317,13 +317,9 @@ class SegmentReader:
         mapping this reader keeps of its segment (made, populated, on first use): for checking digests and
         copying out, without faulting the pages in again for each version. None when the segment cannot be
         mapped so (the caller checks its own views then)."""
-        import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
-
-        end = max((o + n for o, n in zip(ref.offsets, ref.lengths, strict=True)), default=0)
-        mapping = self._kept.get((ref.pid, ref.fd, ref.inode), end, ref.path)
-        if mapping is None:
+        array = self.mapping(ref)
+        if array is None:
             return None
-        array = np.frombuffer(mapping, dtype=np.uint8)
         return [array[offset : offset + length] for offset, length in zip(ref.offsets, ref.lengths, strict=True)]
 
     def mapping(self, ref: SegmentRef) -> Any | None:
@@ -331,9 +327,8 @@ class SegmentReader:
         included, as a uint8 array, or None."""
         import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
-        if self.checking(ref) is None:
-            return None
-        kept = self._kept.kept((ref.pid, ref.fd, ref.inode))
+        end = max((o + n for o, n in zip(ref.offsets, ref.lengths, strict=True)), default=0)
+        kept = self._kept.get((ref.pid, ref.fd, ref.inode), end, ref.path)
         return None if kept is None else np.frombuffer(kept, dtype=np.uint8)
 
     def close(self) -> None:
