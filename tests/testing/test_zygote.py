@@ -136,6 +136,8 @@ def test_when_the_zygote_ends_its_children_end_and_the_next_fork_starts_a_new_on
 def test_preload_names_what_it_cannot_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(hwplace.ConfigError, match=r"preload: no module named 'no_such_module_here' here"):
         hwplace.testing.ProcessExecutor(1, preload=["no_such_module_here"])
+    with pytest.raises(hwplace.ConfigError, match=r"preload: no module named 'no_such_package_here.module' here"):
+        hwplace.testing.ProcessExecutor(1, preload=["json", "no_such_package_here.module"])
     with pytest.raises(hwplace.ConfigError, match="names of modules"):
         hwplace.testing.ProcessExecutor(1, preload="torch")
     (tmp_path / "breaks_on_import.py").write_text("raise RuntimeError('this module refuses to load')\n")

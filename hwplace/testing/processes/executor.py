@@ -70,13 +70,20 @@ def _node_envs(num_nodes: int, accelerators_per_node: int | Sequence[int], node_
             for rank, count in enumerate(counts)]
 
 
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a dotted name whose package is not there
+        return False
+
+
 def _preload(preload: Sequence[str] | None) -> tuple[str, ...] | None:
     if preload is None:
         return None
     if isinstance(preload, str) or not all(isinstance(name, str) for name in preload):
         raise ConfigError("preload", "names of modules for the workers' zygote to import", value=preload,
                           allowed="a list of module names, or None to start each worker as a new interpreter")
-    missing = [name for name in preload if importlib.util.find_spec(name) is None]
+    missing = [name for name in preload if not _importable(name)]
     if missing:
         raise ConfigError("preload", f"no module named {', '.join(map(repr, missing))} here", value=list(preload),
                           allowed="modules this interpreter can import")
