@@ -161,3 +161,30 @@ def test_entries_are_viewed_from_any_base_and_keep_what_they_were() -> None:
     assert tuple(got["e"].shape) == (0, 2)
     shifted = entry_views(entries[2:], data[offsets[2]:], base=offsets[2])
     assert torch.equal(shifted[3], tensors[3])
+
+
+class Storage:
+    """A storage whose share fails as torch's does when its torch_shm_manager is slow to answer, ``misses`` times."""
+
+    def __init__(self, misses: int, error: str = "Shared memory manager connection has timed out") -> None:
+        self.misses, self.error, self.calls = misses, error, 0
+
+    def _share_filename_cpu_(self) -> tuple[str, str, int]:
+        self.calls += 1
+        if self.calls <= self.misses:
+            raise RuntimeError(self.error)
+        return "manager", "/torch_1", 1024
+
+
+def test_a_slow_shared_memory_manager_is_asked_again_a_few_times_then_its_error_stands() -> None:
+    slow = Storage(device_share.MANAGER_TRIES - 1)
+    assert device_share.CPU.share(slow) == ("manager", "/torch_1", 1024)
+    assert slow.calls == device_share.MANAGER_TRIES
+    gone = Storage(device_share.MANAGER_TRIES)
+    with pytest.raises(RuntimeError, match="timed out"):
+        device_share.CPU.share(gone)
+    assert gone.calls == device_share.MANAGER_TRIES
+    other = Storage(1, "some other failure")
+    with pytest.raises(RuntimeError, match="some other failure"):
+        device_share.CPU.share(other)
+    assert other.calls == 1

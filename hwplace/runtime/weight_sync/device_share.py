@@ -68,9 +68,17 @@ def _open_cuda(handle: Handle, device_index: int) -> Any:
     return torch.UntypedStorage._new_shared_cuda(device_index, *handle[1:])
 
 
+MANAGER_TRIES = 5  # torch's client gives its torch_shm_manager 1 s to answer: a loaded machine can miss that
+
+
 def _share_cpu(storage: Any) -> Handle:
-    manager, filename, size = storage._share_filename_cpu_()  # moves it to /dev/shm, names the file
-    return manager, filename, size
+    for _ in range(MANAGER_TRIES - 1):
+        try:
+            return tuple(storage._share_filename_cpu_())  # (manager, file name, size): moved to /dev/shm, named
+        except RuntimeError as exc:
+            if "Shared memory manager connection has timed out" not in str(exc):
+                raise
+    return tuple(storage._share_filename_cpu_())
 
 
 def _open_cpu(handle: Handle, device_index: int) -> Any:
