@@ -1,4 +1,4 @@
-"""The order the suite runs in: tox's ``fake`` env hands whole files to three pytest processes in the order
+"""The order the suite runs in: tox's ``fake`` env hands whole files to two pytest processes in the order
 collected (pytest-xdist's ``--dist loadfile --no-loadscope-reorder``), and tests/conftest.py collects the slowest
 files first (``SLOWEST_FIRST``); every file it names exists, and the rest keep the order pytest found them in."""
 

@@ -188,3 +188,33 @@ def test_a_slow_shared_memory_manager_is_asked_again_a_few_times_then_its_error_
     with pytest.raises(RuntimeError, match="some other failure"):
         device_share.CPU.share(other)
     assert other.calls == 1
+
+
+def test_a_slow_shared_memory_manager_is_asked_again_when_a_target_maps_a_bucket(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target's side: mapping a shared bucket connects to the manager too (a SlotOpenError failed a weight
+    sync on a loaded machine, where the source's share had been asked again)."""
+    storage = torch.arange(256, dtype=torch.uint8).untyped_storage()
+    handle = device_share.CPU.share(storage)
+    real = torch.UntypedStorage._new_shared_filename_cpu
+    calls = []
+
+    def slow(misses: int, error: str = device_share.MANAGER_TIMEOUT) -> Any:
+        def opening(*args: Any) -> Any:
+            calls.append(args)
+            if len(calls) <= misses:
+                raise RuntimeError(error)
+            return real(*args)
+        return staticmethod(opening)
+
+    monkeypatch.setattr(torch.UntypedStorage, "_new_shared_filename_cpu", slow(device_share.MANAGER_TRIES - 1))
+    opened = device_share.CPU.open(handle, -1)
+    assert bytes(opened) == bytes(range(256))
+    assert len(calls) == device_share.MANAGER_TRIES
+    assert all(args == handle for args in calls)
+    for misses, error in ((device_share.MANAGER_TRIES, device_share.MANAGER_TIMEOUT), (1, "some other failure")):
+        calls.clear()
+        monkeypatch.setattr(torch.UntypedStorage, "_new_shared_filename_cpu", slow(misses, error))
+        with pytest.raises(RuntimeError, match=error):
+            device_share.CPU.open(handle, -1)
+        assert len(calls) == min(misses, device_share.MANAGER_TRIES)

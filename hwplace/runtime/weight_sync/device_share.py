@@ -69,20 +69,27 @@ def _open_cuda(handle: Handle, device_index: int) -> Any:
 
 
 MANAGER_TRIES = 5  # torch's client gives its torch_shm_manager 1 s to answer: a loaded machine can miss that
+MANAGER_TIMEOUT = "Shared memory manager connection has timed out"  # torch's words when it does
+
+
+def _asking_manager(call: Callable[[], Any]) -> Any:
+    """``call()`` (which connects to torch's torch_shm_manager first), made again where torch gave up waiting for
+    the manager's answer, up to ``MANAGER_TRIES`` in all; any other failure, or the last, stands."""
+    for _ in range(MANAGER_TRIES - 1):
+        try:
+            return call()
+        except RuntimeError as exc:
+            if MANAGER_TIMEOUT not in str(exc):
+                raise
+    return call()
 
 
 def _share_cpu(storage: Any) -> Handle:
-    for _ in range(MANAGER_TRIES - 1):
-        try:
-            return tuple(storage._share_filename_cpu_())  # (manager, file name, size): moved to /dev/shm, named
-        except RuntimeError as exc:
-            if "Shared memory manager connection has timed out" not in str(exc):
-                raise
-    return tuple(storage._share_filename_cpu_())
+    return tuple(_asking_manager(storage._share_filename_cpu_))  # (manager, file name, size): in /dev/shm, named
 
 
 def _open_cpu(handle: Handle, device_index: int) -> Any:
-    return torch_module().UntypedStorage._new_shared_filename_cpu(*handle)
+    return _asking_manager(lambda: torch_module().UntypedStorage._new_shared_filename_cpu(*handle))
 
 
 class SlotOpenError(WeightSyncError):
