@@ -44,17 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "s later")
 
 
-SLOWEST_FIRST = ("tests/test_fresh_clone.py", "tests/plugins/ray/test_grpo.py", "tests/test_gpu_check.py",
-                 "tests/test_types.py")
-"""Files that take a minute or more each (a fresh install and a 300-step job; six GRPO jobs; a dozen subprocesses;
-mypy three times), which run first: tox hands whole files to two pytest processes (pytest-xdist, ``--dist loadfile
---no-loadscope-reorder``), each taking the next file in collection order when it is nearly done, so none of these
-starts near the end and holds the run open alone. The rest run in the order pytest finds them."""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    first = {path: index for index, path in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: first.get(item.nodeid.split("::", 1)[0], len(first)))  # stable: the rest as found
     for item in items:
         marker = item.get_closest_marker("time_limit")
         if marker is not None and item.get_closest_marker("timeout") is None:
