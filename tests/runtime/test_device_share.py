@@ -166,7 +166,7 @@ def test_entries_are_viewed_from_any_base_and_keep_what_they_were() -> None:
 class Storage:
     """A storage whose share fails as torch's does when its torch_shm_manager is slow to answer, ``misses`` times."""
 
-    def __init__(self, misses: int, error: str = "Shared memory manager connection has timed out") -> None:
+    def __init__(self, misses: int, error: str = device_share.MANAGER_TIMEOUT) -> None:
         self.misses, self.error, self.calls = misses, error, 0
 
     def _share_filename_cpu_(self) -> tuple[str, str, int]:
