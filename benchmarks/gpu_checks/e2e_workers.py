@@ -72,7 +72,7 @@ class Trainer(hwplace.Worker):
                     memory.append((v, torch.cuda.memory_allocated(0)))
         model = sum(t.numel() * t.element_size() for t in weights.values())
         return {"publish_s_median": sorted(seconds)[len(seconds) // 2], "memory": memory, "ring": ring,
-                "model_bytes": model, "plan_device_bytes": sync.device_bytes(model), "plan": str(sync.plan)}
+                "model_bytes": model, "plan_device_bytes": sync.device_bytes(weights), "plan": str(sync.plan)}
 
     def send_to(self, group: str, rank: int, mib: int, value: float) -> float:
         torch = _torch()

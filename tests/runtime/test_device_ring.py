@@ -107,6 +107,10 @@ def test_what_the_plan_states_is_what_the_ring_holds() -> None:
         descriptor = writer.write(1, state(1, extra))
         writer.write(2, state(2, extra))
         assert plan.device_bytes(descriptor.nbytes) == {"source": writer.device_bytes, "rollout 0": descriptor.nbytes}
+        sync = hwplace.WeightSync("policy", "trainer", 0, plan, "uid")
+        assert sync.device_bytes(state(2, extra)) == plan.device_bytes(descriptor.nbytes)  # from the state dict
+        assert device_share.layout_bytes(state(2, extra)) == descriptor.nbytes
+        assert sum(t.nbytes for t in state(2, extra).values()) < descriptor.nbytes  # the sum would understate it
         writer.close()
     text = str(plan)
     assert "ring of 4 buckets of 1 KiB" in text

@@ -95,6 +95,11 @@ def aligned(sizes: Sequence[int], align: int) -> tuple[list[int], int]:
     return offsets, end
 
 
+def state_bytes(state_dict: Mapping[Any, Any]) -> int:
+    """The bytes of a state dict's tensors and arrays (what a publish span notes, for profiles)."""
+    return sum(int(getattr(value, "nbytes", 0)) for value in state_dict.values())
+
+
 def sizes(entries: Sequence[Entry]) -> list[int]:
     """Each bucket's size in bytes, from the entries that lie in it."""
     out: list[int] = []

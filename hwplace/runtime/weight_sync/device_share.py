@@ -120,6 +120,12 @@ def slot_layout(sizes: Sequence[int], align: int = ALIGN) -> tuple[list[int], in
     return aligned(sizes, align)
 
 
+def layout_bytes(state_dict: Mapping[Any, Any]) -> int:
+    """The bytes a state dict's tensors take laid out in buckets, each at a multiple of ``ALIGN`` bytes (up to
+    ``ALIGN - 1`` more per tensor than their sum): the model size the sync's device memory follows."""
+    return slot_layout([int(getattr(value, "nbytes", 0)) for value in state_dict.values()])[1]
+
+
 def physical_device(index: int, visible: Sequence[int] | None) -> int:
     """The node-local hardware rank of this process's device ``index``: ``visible[index]``, where ``visible`` is
     what the process sees in order (its placement's ``visible_accelerators``), or ``index`` itself for None."""

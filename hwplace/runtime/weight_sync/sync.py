@@ -35,7 +35,8 @@ from hwplace.inventory.cluster import Cluster
 from hwplace.planning.sync_plan import SAME_DEVICE, TRANSPORTS, SyncPlan, SyncTarget, relayed, relays, sync_plan
 from hwplace.plugin.session import session
 from hwplace.runtime.messaging.communicator import check_member, find_entry
-from hwplace.runtime.weight_sync.buckets import Weights, check_state_dict
+from hwplace.runtime.weight_sync.buckets import Weights, check_state_dict, state_bytes
+from hwplace.runtime.weight_sync.device_share import layout_bytes
 from hwplace.runtime.weight_sync.intake import Intake
 from hwplace.runtime.weight_sync.links import WATCH, Link, Receiver, incarnation, link_key
 from hwplace.runtime.weight_sync.relay import Relay, relayed_dead
@@ -94,11 +95,6 @@ def note_version(sync: WeightSync, rendezvous: Rendezvous, version: int) -> None
     rendezvous.kv_put(version_key(sync._uid), str(max(version, continued_version(rendezvous, sync._uid))).encode())
 
 
-def state_bytes(state_dict: Mapping[Any, Any]) -> int:
-    """The bytes of a state dict's tensors and arrays (what a publish span notes, for profiles)."""
-    return sum(int(getattr(value, "nbytes", 0)) for value in state_dict.values())
-
-
 class WeightSync:
     """Weights from rank ``source_rank`` of group ``source`` to every rank of the ``targets`` groups.
 
@@ -106,7 +102,7 @@ class WeightSync:
     ``sync.publish(state_dict)`` on the source returns the new version (1, 2, ...); ``sync.latest(min_version,
     timeout)`` on a target returns :class:`Weights`; ``sync.load_into(module)`` loads them into a torch module.
     ``sync.plan`` lists each target rank's group, rank, node and transport, and what the sync costs in device
-    memory (a :class:`~hwplace.planning.sync_plan.SyncPlan`), ``sync.device_bytes(model_bytes)`` in numbers;
+    memory (a :class:`~hwplace.planning.sync_plan.SyncPlan`), ``sync.device_bytes(state_dict)`` in numbers;
     ``sync.close()`` lets go of what this process holds for it.
     """
 
@@ -313,11 +309,12 @@ class WeightSync:
             dead.update(relayed_dead(session().require(Rendezvous, "weight sync"), self._uid, nodes))
         return dead
 
-    def device_bytes(self, model_bytes: int) -> dict[str, int]:
-        """The most GPU memory this sync takes besides the model, for a state dict of ``model_bytes``, by holder:
-        ``"source"`` (its ring, when a target shares its GPU) and ``"<group> <rank>"`` for each same-device target
-        (its copy with ``latest()``): what ``sync.plan`` states (:func:`~hwplace.planning.sync_plan.device_bytes`)."""
-        return self.plan.device_bytes(model_bytes)
+    def device_bytes(self, model: int | Mapping[Any, Any]) -> dict[str, int]:
+        """The most GPU memory this sync takes besides the model, by holder: ``"source"`` (its ring, when a target
+        shares its GPU) and ``"<group> <rank>"`` for each same-device target (its copy with ``latest()``), for
+        ``model``: a state dict, or its bytes as buckets lay them out (a little more than their sum:
+        :func:`~hwplace.runtime.weight_sync.device_share.layout_bytes`): what ``sync.plan`` states."""
+        return self.plan.device_bytes(model if isinstance(model, int) else layout_bytes(model))
 
     def close(self) -> None:
         """Let go of everything this process holds for the sync: on the source its device buckets, segments and
