@@ -24,6 +24,7 @@ from hwplace.runtime.weight_sync.segments import (
     SegmentPool,
     SegmentReader,
     SegmentRef,
+    _Segment,
     offsets_of,
 )
 
@@ -354,3 +355,19 @@ def test_a_reader_checks_on_one_kept_mapping_per_segment_and_lets_go_of_those_th
     del held
     reader.close()
     assert not reader._kept
+
+
+def test_closing_a_segment_twice_leaves_a_file_given_its_number_meanwhile_open() -> None:
+    other = os.open(os.devnull, os.O_RDONLY)  # opened first: a number of its own
+    try:
+        segment = _Segment(4096, "test-close-twice")
+        number = segment.fd
+        segment.close(empty=True)
+        os.dup2(other, number)  # another file of this process now has the number the segment had
+        try:
+            segment.close(empty=True)
+            os.fstat(number)  # still open
+        finally:
+            os.close(number)
+    finally:
+        os.close(other)

@@ -113,10 +113,14 @@ class Board:
         return text.decode().split("\n") if text else []
 
     def close(self) -> None:
+        """Idempotent: a second call closes nothing (the descriptor's number may be another file's by then)."""
+        fd, self.fd = self.fd, -1
+        if fd < 0:
+            return
         with contextlib.suppress(OSError, BufferError):
             self.map.close()
         with contextlib.suppress(OSError):
-            os.close(self.fd)
+            os.close(fd)
 
 
 def check_while_written(board: Board, ref: SegmentRef, mapping: Any, going: Callable[[], bool]) -> bool:

@@ -92,14 +92,18 @@ class _Segment:
 
     def close(self, empty: bool = False) -> None:
         """Let go of the segment; ``empty`` (only while it is locked exclusively: no target holds it) frees its
-        memory at once, even where a target still keeps a mapping of it (:meth:`SegmentReader.checking`)."""
+        memory at once, even where a target still keeps a mapping of it (:meth:`SegmentReader.checking`).
+        Idempotent: a second call closes nothing (the descriptor's number may be another file's by then)."""
+        fd, self.fd = self.fd, -1
+        if fd < 0:
+            return
         if empty:
-            with contextlib.suppress(OSError, AttributeError):
-                os.ftruncate(self.fd, 0)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
         with contextlib.suppress(OSError, BufferError, AttributeError):
             self.map.close()
         with contextlib.suppress(OSError):
-            os.close(self.fd)
+            os.close(fd)
         if self.path:  # pragma: no cover - not Linux
             with contextlib.suppress(OSError):
                 os.unlink(self.path)

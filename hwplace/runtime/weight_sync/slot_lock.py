@@ -53,8 +53,12 @@ class SlotLock:
         os.pwrite(self.fd, STAMP.pack(MAGIC, generation, version), 0)
 
     def close(self) -> None:
+        """Idempotent: a second call closes nothing (the descriptor's number may be another file's by then)."""
+        fd, self.fd = self.fd, -1
+        if fd < 0:
+            return
         with contextlib.suppress(OSError):
-            os.close(self.fd)
+            os.close(fd)
         if self.path:  # pragma: no cover - not Linux
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
