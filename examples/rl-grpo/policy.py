@@ -33,39 +33,67 @@ class Policy(nn.Module):
         x = self.blocks(x, mask=self.causal[:length, :length], is_causal=True)
         return self.head(self.norm(x))
 
+    def extend(self, tokens: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """The logits after the last of ``tokens`` (rows, new positions), which follow the positions ``cache``
+        holds (each layer's keys and values, grown in place by these): ``forward``'s arithmetic with the same
+        weights, each position computed once however long the sampled answer grows."""
+        start = cache[0][0].shape[2] if cache else 0
+        rows, new = tokens.shape
+        x = self.embed(tokens) + self.position(torch.arange(start, start + new, device=tokens.device))
+        for index, layer in enumerate(self.blocks.layers):
+            attention = layer.self_attn
+            heads = attention.num_heads
+            qkv = functional.linear(layer.norm1(x), attention.in_proj_weight, attention.in_proj_bias)
+            q, k, v = qkv.view(rows, new, 3, heads, -1).permute(2, 0, 3, 1, 4)
+            if index < len(cache):
+                k, v = torch.cat([cache[index][0], k], 2), torch.cat([cache[index][1], v], 2)
+                cache[index] = (k, v)
+            else:
+                cache.append((k, v))
+            mixed = functional.scaled_dot_product_attention(q, k, v, is_causal=start == 0 and new > 1)
+            x = x + attention.out_proj(mixed.transpose(1, 2).reshape(rows, new, -1))
+            x = x + layer.linear2(layer.activation(layer.linear1(layer.norm2(x))))
+        return self.head(self.norm(x[:, -1]))
+
 
 @torch.no_grad()
 def sample(policy: Policy, prompts: list[list[int]], generator: torch.Generator | None,
            greedy: bool = False) -> tuple[list[list[int]], list[list[float]]]:
     """Answers to the prompts (up to the end token) and the log-probability of each answer token.
 
-    Prompts of one length decode together, so every row sits at the positions it is trained at.
+    Every row sits at the positions it is trained at (its prompt from position 0), and all rows decode together:
+    from the shortest prompt on, a row still in its prompt takes its prompt's next token, the others a sampled one.
     """
+    lengths = torch.tensor([len(p) for p in prompts])
+    tokens = torch.full((len(prompts), policy.max_len), PAD, dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        tokens[i, :len(prompt)] = torch.tensor(prompt)
     answers: list[list[int]] = [[] for _ in prompts]
     logps: list[list[float]] = [[] for _ in prompts]
-    by_length: dict[int, list[int]] = {}
-    for i, prompt in enumerate(prompts):
-        by_length.setdefault(len(prompt), []).append(i)
-    for length, rows in by_length.items():
-        tokens = torch.tensor([prompts[i] for i in rows], dtype=torch.long)
-        open_rows = list(range(len(rows)))
-        for _ in range(policy.max_len - length):
-            logits = policy(tokens)[:, -1, :]
-            logits[:, PAD] = -math.inf
-            probs = functional.log_softmax(logits, dim=-1)
-            chosen = probs.argmax(-1) if greedy else torch.multinomial(probs.exp(), 1, generator=generator).squeeze(-1)
-            tokens = torch.cat([tokens, chosen[:, None]], dim=1)
-            still = []
-            for row in open_rows:
-                token = int(chosen[row])
-                answers[rows[row]].append(token)
-                logps[rows[row]].append(float(probs[row, token]))
-                if token != END:
-                    still.append(row)
-            open_rows = still
-            if not open_rows:
-                break
+    cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+    start = int(lengths.min())
+    logits = policy.extend(tokens[:, :start], cache)
+    open_rows = torch.ones(len(prompts), dtype=torch.bool)
+    for position in range(start, policy.max_len):
+        logits[:, PAD] = -math.inf
+        probs = functional.log_softmax(logits, dim=-1)
+        chosen = probs.argmax(-1) if greedy else torch.multinomial(probs.exp(), 1, generator=generator).squeeze(-1)
+        answering = open_rows & (lengths <= position)
+        chosen = torch.where(answering, chosen, tokens[:, position])
+        taken = probs.gather(-1, chosen[:, None]).squeeze(-1)
+        for row, token, logp in zip(answering.nonzero().squeeze(-1).tolist(), chosen[answering].tolist(),
+                                    taken[answering].tolist(), strict=True):
+            answers[row].append(token)
+            logps[row].append(logp)
+        open_rows &= ~(answering & (chosen == END))
+        if not open_rows.any() or position + 1 == policy.max_len:
+            break
+        tokens[:, position] = chosen
+        logits = policy.extend(chosen[:, None], cache)
     return answers, logps
+
+
+PADDING = functional.one_hot(torch.tensor(PAD), VOCAB).bool()  # the logit that sampling leaves out
 
 
 def _batch(sequences: list[tuple[list[int], list[int]]], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,7 +108,8 @@ def _batch(sequences: list[tuple[list[int], list[int]]], max_len: int) -> tuple[
 
 
 def token_logps(policy: Policy, tokens: torch.Tensor) -> torch.Tensor:
-    logits = policy(tokens[:, :-1])
+    """Each next token's log-probability under the policy as it samples: never the padding token."""
+    logits = policy(tokens[:, :-1]).masked_fill(PADDING, -math.inf)
     return functional.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
 
 
