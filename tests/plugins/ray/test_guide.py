@@ -8,6 +8,7 @@ their own Ray processes: nothing else on this machine is touched (``ray stop`` w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -61,18 +62,14 @@ def two_nodes() -> Iterator[tuple[str, str, dict[str, str]]]:
     address = f"127.0.0.1:{port}"
     started: list[subprocess.Popen[bytes]] = []
     try:
-        with open(folder / "head.log", "wb") as log:
-            started.append(subprocess.Popen(
-                [RAY, "start", "--head", f"--port={port}", "--include-dashboard=false",
-                 *node_options(folder / "head")], env={**head_env, "HWPLACE_NODE_RANK": "0"}, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True))
+        start_node(lambda: [RAY, "start", "--head", f"--port={port}", "--include-dashboard=false",
+                            *node_options(folder / "head")], {**head_env, "HWPLACE_NODE_RANK": "0"},
+                   folder / "head", started)
+        wait_for(address, head_env, 1)
         worker_env = {**base, "HOME": str(folder / "worker-home"), "RAY_AUTH_TOKEN": token, "HWPLACE_NODE_RANK": "1"}
-        wait_for(address, head_env, 1, folder / "head.log")
-        with open(folder / "worker.log", "wb") as log:
-            started.append(subprocess.Popen([RAY, "start", f"--address={address}", *node_options(folder / "worker")],
-                                            env=worker_env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True))
-        wait_for(address, head_env, 2, folder / "worker.log")
+        start_node(lambda: [RAY, "start", f"--address={address}", *node_options(folder / "worker")], worker_env,
+                   folder / "worker", started)
+        wait_for(address, head_env, 2)
         driver_env = {**base, "HOME": str(folder / "driver-home")}
         yield address, token, driver_env
     finally:
@@ -99,15 +96,41 @@ print(sum(n["Alive"] for n in ray.nodes()))
 """
 
 
-def wait_for(address: str, env: dict[str, str], nodes: int, log: Path) -> None:
-    """Until ``ray start`` says the node runs (its log), then until the cluster counts ``nodes`` alive."""
-    for _attempt in range(240):
+RAY_GAVE_UP = "The current node timed out during startup"  # Ray's own 30 s for a raylet to register with the GCS
+ATTEMPTS = 3
+
+
+def start_node(command: Callable[[], list[str]], env: dict[str, str], name: Path,
+               started: list[subprocess.Popen[bytes]]) -> None:
+    """Run ``ray start`` (``command()``: fresh ports each time) until its log says the node runs. Where Ray gave up
+    on its own fixed 30 s for the node to register (a machine loaded by other tests can outlast it), that attempt's
+    processes are ended (its session) and it starts again, up to ``ATTEMPTS`` times; any other failure fails."""
+    for attempt in range(1, ATTEMPTS + 1):
+        log = name.with_name(f"{name.name}-{attempt}.log")
+        with open(log, "wb") as out:
+            process = subprocess.Popen(command(), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        started.append(process)
+        for _ in range(240):
+            text = log.read_text(errors="replace")
+            if "Ray runtime started" in text or "Error" in text or "Exception" in text:
+                break
+            time.sleep(0.5)
+        if "Ray runtime started" in text:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=30)  # its traceback written whole
         text = log.read_text(errors="replace")
-        if "Ray runtime started" in text or "Error" in text:
-            break
-        time.sleep(0.5)
-    if "Ray runtime started" not in text:
-        pytest.fail(f"the Ray node did not start:\n{log.read_text(errors='replace')[-3000:]}")
+        if RAY_GAVE_UP not in text or attempt == ATTEMPTS:
+            pytest.fail(f"the Ray node did not start (attempt {attempt}):\n{text[-3000:]}")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # its session: whatever Ray processes that attempt left
+        process.wait()
+        started.remove(process)
+
+
+def wait_for(address: str, env: dict[str, str], nodes: int) -> None:
+    """Until the cluster counts ``nodes`` alive."""
     done = subprocess.run([sys.executable, "-c", COUNT_NODES, address, str(nodes)], env=env, capture_output=True,
                           text=True, timeout=180)
     assert done.stdout.strip() == str(nodes), done.stderr[-3000:]
