@@ -173,9 +173,11 @@ def test_a_restarted_target_of_a_source_that_streams_gets_the_next_version_or_on
         assert far.latest(sync, 2).wait() == [(2, [2.0])] * 2
         os.kill(far.pid().wait()[1], signal.SIGKILL)
         restarted(far, [1])
-        waiting = far.execute_on(1).latest(sync, 0)  # no copy of version 2 is kept: it waits for the next one
+        # The source kept no copy of version 2 (it streamed it), but rank 0 relays to rank 1: version 2 lies in the
+        # relay's segment, which it offers on the link it makes for the restarted rank, with no publish since. (This
+        # test used to publish version 3 at once and expect it: a race with that offer, which a loaded run lost.)
+        assert far.execute_on(1).latest(sync, 2).wait() == [(2, [2.0])]
         assert trainer.publish(sync, 3).wait() == [3]
-        assert waiting.wait() == [(3, [3.0])]
         assert far.latest(sync, 3).wait() == [(3, [3.0])] * 2
         os.kill(far.pid().wait()[0], signal.SIGKILL)  # now a publish comes while the group restarts the rank:
         while far.status()[0].restarts < 1:
