@@ -108,8 +108,11 @@ def _batch(sequences: list[tuple[list[int], list[int]]], max_len: int) -> tuple[
 
 
 def token_logps(policy: Policy, tokens: torch.Tensor) -> torch.Tensor:
-    """Each next token's log-probability under the policy as it samples: never the padding token."""
-    logits = policy(tokens[:, :-1]).masked_fill(PADDING, -math.inf)
+    """Each next token's log-probability under the policy as it samples: never the padding token. Its logit is
+    the lowest finite value rather than -inf, so a padded position's log-probability stays finite and the masks
+    that leave it out (a product with 0) give 0, not NaN."""
+    logits = policy(tokens[:, :-1])
+    logits = logits.masked_fill(PADDING, torch.finfo(logits.dtype).min)
     return functional.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
 
 

@@ -80,3 +80,18 @@ def test_greedy_answers_are_the_full_forwards_one_row_at_a_time() -> None:
                 if row[-1] == task.END:
                     break
         assert answer == row[len(prompt):]
+
+
+def test_the_losses_are_finite_where_answers_are_padded() -> None:
+    model = trained_a_little(7)
+    batch = [p for p in prompts(40, 8) if len(p) < 7][:6]  # short prompts: their rows end in padding
+    answers = [task.solve(p) for p in batch]
+    demo, tokens = rl.demo_loss(model, [{"prompt": p, "answer": a} for p, a in zip(batch, answers, strict=True)])
+    assert tokens == sum(len(a) for a in answers)
+    samples = [{"prompt": p, "answer": a, "logps": [-1.0] * len(a), "advantage": 1.0}
+               for p, a in zip(batch, answers, strict=True)]
+    grpo, _ = rl.grpo_loss(model, samples)
+    assert torch.isfinite(demo)
+    assert torch.isfinite(grpo)
+    (demo + grpo).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
