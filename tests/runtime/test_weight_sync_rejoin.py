@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -87,10 +88,12 @@ class Rollout(hwplace.Worker):
         weights = sync.latest(min_version=min_version, timeout=120)
         return weights.version, sorted({float(v) for t in weights.tensors.values() for v in torch.unique(t.float())})
 
-    def latest_and_die_midway(self, sync: hwplace.WeightSync, min_version: int) -> tuple[int, list[float]]:
+    def latest_and_die_midway(self, sync: hwplace.WeightSync, min_version: int,
+                              patched: str = "") -> tuple[int, list[float]]:
         """Waits in ``latest`` for ``min_version``, and is SIGKILLed while that version's buckets arrive (after the
         third, in the thread that receives them): into a file of its own, or, when it relays for its node, into
-        its node's segment."""
+        its node's segment. Makes the file ``patched`` (when given) once that is armed: the version must not be
+        published before, or it can arrive whole (the receiving thread does not wait for this call)."""
         real, real_fill = segments_module.receiving, segments_module.SegmentPool.fill
 
         def receiving(lengths: Any) -> Any:
@@ -105,6 +108,8 @@ class Rollout(hwplace.Worker):
 
         with mock.patch.object(links_module, "receiving", receiving), \
                 mock.patch.object(segments_module.SegmentPool, "fill", fill):
+            if patched:
+                Path(patched).touch()
             return self.latest(sync, min_version)
 
     def pid(self) -> int:
@@ -245,7 +250,7 @@ def test_a_source_killed_in_the_middle_of_a_publish_goes_on_from_the_next_versio
 
 
 def test_a_target_killed_inside_latest_while_its_version_arrives_gets_the_newest_once_restarted(
-        cluster: hwplace.Cluster) -> None:
+        cluster: hwplace.Cluster, tmp_path: Path) -> None:
     trainer, rollout = launch(cluster, None, hwplace.Restart(max_restarts=1))
     try:
         sync = hwplace.WeightSync.create("inside", source="trainer", targets=("rollout",), bucket_bytes=BUCKET)
@@ -253,7 +258,10 @@ def test_a_target_killed_inside_latest_while_its_version_arrives_gets_the_newest
         assert trainer.publish_many(sync, 1).wait() == [1]
         assert first.wait() == [(1, [1.0])] * 3
         pids = rollout.pid().wait()
-        dying = rollout.execute_on(2).latest_and_die_midway(sync, 2)  # the other node's rank: buckets follow
+        armed = tmp_path / "armed"
+        dying = rollout.execute_on(2).latest_and_die_midway(sync, 2, str(armed))  # the other node's: buckets follow
+        while not armed.exists():  # a loaded run published before the call began, and the version arrived whole
+            time.sleep(0.02)
         waiting = rollout.execute_on(0, 1).latest(sync, 2)
         assert trainer.publish_many(sync, 2).wait() == [2]  # the source goes on past the target that died
         with pytest.raises(hwplace.WorkerError, match="died") as caught:
