@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ONE = ["tests/plugins", "tests/test_fresh_clone.py", "tests/test_docs.py", "tests/application/test_snapshots.py",
        "tests/application/test_status.py"]
-SHARDS = {"ray plugin, fresh clone, docs": ONE,
+SHARDS = {"ray plugin, fresh clone, docs, snapshots, status": ONE,
           "the rest": ["tests", *(f"--ignore={path}" for path in ONE)]}
 
 
