@@ -5,8 +5,9 @@ As torch.distributed keeps its process groups in one ``_world``, hwplace keeps w
 in a worker, its own, the worker's :class:`~hwplace.contracts.records.WorkerContext`, and the per-process
 state of the runtime's subsystems (a worker's messenger, its weight syncs, its channel connections).
 :class:`~hwplace.Cluster` fills it on the driver and the worker start-up in each worker; tests swap it with
-:func:`swapped_session`, never by patching module globals. Imports the foundation, the contracts and
-:mod:`hwplace.plugin.manager`.
+:func:`swapped_session`, never by patching module globals. Imports the foundation, the contracts' records, and
+the plugin manager and the capability check on first use (:mod:`hwplace.plugin.deferred`: a worker may never
+use them).
 """
 
 from __future__ import annotations
@@ -14,15 +15,18 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from hwplace.contracts.capabilities import Capability, require
-from hwplace.contracts.executor import Executor
 from hwplace.contracts.records import WorkerContext
 from hwplace.foundation.errors import ConfigError, HwplaceError
-from hwplace.plugin.manager import PluginManager
+from hwplace.plugin import deferred
 
-C = TypeVar("C", bound=Capability)
+if TYPE_CHECKING:  # used here in annotations only; deferred gives them out on first use
+    from hwplace.contracts.capabilities import Capability
+    from hwplace.contracts.executor import Executor
+    from hwplace.plugin.manager import PluginManager
+
+C = TypeVar("C", bound="Capability")
 T = TypeVar("T")
 
 
@@ -42,7 +46,7 @@ class Session:
         """The plugin manager, created (and entry points loaded) on first use."""
         with self._lock:
             if self._plugin_manager is None:
-                self._plugin_manager = PluginManager()
+                self._plugin_manager = deferred.PluginManager()
             return self._plugin_manager
 
     def set_executor(self, executor: Executor | str) -> None:
@@ -65,7 +69,7 @@ class Session:
 
     def require(self, capability: type[C], where: str) -> C:
         """This process's executor as a ``capability``; a ``PluginError`` naming both when it lacks it."""
-        return require(self.executor, capability, where)
+        return deferred.require(self.executor, capability, where)
 
     def worker_context(self, what: str) -> WorkerContext:
         """This worker's context; ``HwplaceError`` saying ``what`` runs inside a worker when there is none."""

@@ -77,15 +77,15 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
             ray = import_ray()
             from hwplace_plugins.ray import (  # noqa: PLC0415 (they import Ray: loaded on first use)
                 channel,
+                host,
                 probe,
-                runtime,
                 turns,
             )
 
             made = {
                 "inspect_node": lambda: ray.remote(num_cpus=0, max_retries=0)(probe.inspect_node),
                 "free_port": lambda: ray.remote(num_cpus=0, max_retries=0)(probe.free_port),
-                "host": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(runtime.WorkerHost),
+                "host": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(host.WorkerHost),
                 "channel": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(channel.ChannelHost),
                 "turns": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(turns.TurnHost),
             }

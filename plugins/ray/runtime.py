@@ -1,8 +1,7 @@
-"""A group's workers as Ray actors, and the handles of calls on them.
+"""A group's workers as Ray actors, and the handles of calls on them: the driver's side.
 
-Each worker process hosts one :class:`WorkerHost` actor. It is an async actor: ``async def`` methods of the
-worker run on its event loop, plain ones on a single thread of their own, in call order. The worker class
-travels pickled and is loaded only after hwplace's variables are set in the process.
+Each worker process hosts one :class:`~hwplace_plugins.ray.host.WorkerHost` actor (its own module, so that a
+worker process does not import this one).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pickle import PicklingError
 from typing import Any
 
@@ -25,7 +23,7 @@ import ray
 from ray import cloudpickle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from hwplace import CallCancelled, HwplaceError, Worker, WorkerError
+from hwplace import CallCancelled, HwplaceError, WorkerError
 from hwplace.executor import (
     GroupRequest,
     GroupRuntime,
@@ -35,60 +33,10 @@ from hwplace.executor import (
     WorkerContext,
     WorkerSpec,
     first_line,
-    run_method,
-    run_method_async,
-    start_worker,
     unpicklable_arguments,
     wait_timeout,
 )
-from hwplace_plugins.ray.orphans import exit_with_raylet
-
-
-class WorkerHost:
-    """Hosts one worker in a Ray actor process."""
-
-    def __init__(self, shared: tuple[bytes, tuple[Any, ...], Mapping[str, Any]], context: WorkerContext) -> None:
-        exit_with_raylet()
-        payload, args, kwargs = shared
-        # Plain methods run on a thread of their own, where a blocking ray.get (a channel's, say) is fine:
-        # Ray's warning against blocking inside an async actor does not apply to them.
-        ray._private.worker.blocking_get_inside_async_warned = True
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hwplace-worker")
-        outcome = self._thread.submit(start_worker, lambda: cloudpickle.loads(payload), context, args, kwargs).result()
-        self._failure = outcome if isinstance(outcome, RemoteFailure) else None
-        self._worker = outcome if isinstance(outcome, Worker) else None
-
-    async def ready(self) -> RemoteFailure | None:
-        return self._failure
-
-    async def watch(self) -> None:
-        """Never returns: the driver's pending call on it fails the moment this process dies."""
-        await asyncio.Event().wait()
-
-    async def call(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-        if self._worker is None:  # never reached through a group: launch fails when a constructor does
-            return self._failure
-        if inspect.iscoroutinefunction(getattr(type(self._worker), method, None)):
-            return _returned(await run_method_async(self._worker, method, args, kwargs))
-        loop = asyncio.get_running_loop()
-        return _returned(await loop.run_in_executor(self._thread, run_method, self._worker, method, args, kwargs))
-
-
-class Returned:
-    """One of Ray's exceptions that a method returned as its value: Ray would store it as the call's error (and
-    ``ray.get`` raise it), so it travels wrapped and the driver unwraps it."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return Returned, (self.value,)
-
-
-def _returned(value: Any) -> Any:
-    return Returned(value) if isinstance(value, ray.exceptions.RayError) else value
+from hwplace_plugins.ray.host import Returned
 
 
 def _unwrapped(value: Any) -> Any:
