@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECKS = {"nvml", "sync_plan_overlap", "slots_ipc", "slots_ipc_expandable", "slots_memory_300", "digest_odd_bf16",
           "nccl_raw_same_gpu", "nccl_pair_same_gpu", "nccl_concurrent_large", "peer_killed", "weight_sync_e2e",
           "weight_sync_e2e_ring", "weight_sync_e2e_expandable", "messaging_e2e_same_gpu", "messaging_e2e_crossing"}
-GPU_ONLY = {"slots_ipc_expandable", "nccl_raw_same_gpu", "weight_sync_e2e_ring"}  # the last: CPU tensors take no ring
+GPU_ONLY = {"slots_ipc_expandable", "nccl_raw_same_gpu", "weight_sync_e2e_ring",  # CPU tensors take no ring
+            "weight_sync_e2e_expandable"}  # expandable segments are CUDA's allocator's: on CPU, weight_sync_e2e again
 STUBS: set[str] = set()  # checks that are placeholders: skip
 
 

@@ -90,7 +90,7 @@ def weight_sync_e2e_ring(gpu: bool) -> dict[str, Any]:
     return _weight_sync(gpu, None, {"bucket_bytes": 16 * MiB if gpu else 2 * MiB, "device_buckets": 2})
 
 
-@check("weight_sync_e2e_expandable", 240, issue="26 point 2 end to end: the same, every process under "
+@check("weight_sync_e2e_expandable", 240, cpu=False, issue="26 point 2 end to end: the same, every process under "
        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (RL stacks set it)")
 def weight_sync_e2e_expandable(gpu: bool) -> dict[str, Any]:
     return _weight_sync(gpu, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})

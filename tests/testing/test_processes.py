@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pids import running
 
 import hwplace
 from hwplace.executor import Leases, Rendezvous, current_executor, require
@@ -272,14 +273,6 @@ def test_leases_and_status(group: hwplace.WorkerGroup, cluster: hwplace.Cluster)
     assert "leaser" not in {g["group"] for g in require(executor, Leases).cluster_status(None)["groups"]}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_no_process_or_server_outlives_the_cluster() -> None:
     with process_cluster(2, 2) as cluster:
         group = Echo.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 1, 1]), name="short")
@@ -287,8 +280,8 @@ def test_no_process_or_server_outlives_the_cluster() -> None:
         group.execute_on(2).sleep(120)  # a plain method still running when the block ends
         channel = hwplace.Channel.create("short-lived")
         port = int(cluster.executor().where().split(":")[1].split()[0])
-        assert all(_alive(pid) for pid in pids)
-    assert not any(_alive(pid) for pid in pids)
+        assert all(running(pid) for pid in pids)
+    assert not any(running(pid) for pid in pids)
     with pytest.raises(ConnectionRefusedError, match="refused"):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()  # the hub is gone
     with pytest.raises(hwplace.ChannelLost, match="short-lived"):

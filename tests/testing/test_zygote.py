@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pids import running
 
 import hwplace
 from hwplace.testing import process_cluster
@@ -43,15 +44,6 @@ def silent_driver() -> Iterator[socket.socket]:
     """A listening socket that accepts and never answers: a child dialling it waits in the handshake."""
     with socket.create_server(("127.0.0.1", 0)) as server:
         yield server
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not: this container's first process may not reap what it inherits)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def start_for(server: socket.socket) -> tuple[tuple[str, int], bytes, str]:
@@ -104,8 +96,10 @@ def test_a_worker_that_would_start_differently_is_not_forked(silent_driver: sock
     zygote = Zygote(())
     try:
         assert zygote.fork({**child_env({}), "PYTHONOPTIMIZE": "2"}, start_for(silent_driver)) is None
+        assert zygote._process is None  # refused before a zygote was started for it
         assert zygote.fork({**child_env({}), "LD_PRELOAD": "libnothing.so"}, start_for(silent_driver)) is None
         forked = zygote.fork({**child_env({}), "ANY_OTHER": "1"}, start_for(silent_driver))
+        assert zygote.fork({**child_env({}), "PYTHONOPTIMIZE": "2"}, start_for(silent_driver)) is None  # running
         assert forked is not None
         forked.kill()
         forked.wait(60)

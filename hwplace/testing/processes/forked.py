@@ -94,9 +94,9 @@ class Zygote:
         a new interpreter would start differently, or the zygote could not start."""
         forked = ForkedProcess()
         with self._lock:
+            if _startup_keys(env) != _startup_keys(self._env if self._sock is not None else child_env({})):
+                return None  # checked first: a zygote started only to be refused would cost a preload for nothing
             if self._sock is None and not self._start():
-                return None
-            if _startup_keys(env) != _startup_keys(self._env):
                 return None
             assert self._sock is not None
             self._waiting.append(forked)

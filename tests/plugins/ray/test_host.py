@@ -38,7 +38,7 @@ DRIVER_SIDE = [
 
 def probe_class() -> Any:
     namespace: dict[str, Any] = {"__name__": "hwplace_host_probe"}
-    exec(compile(PROBE, "<probe>", "exec"), namespace)  # noqa: S102 (a fixed source, for a by-value class)
+    exec(compile(PROBE, "<probe>", "exec"), namespace)  # a fixed source: a class that travels by value
     return namespace["Probe"]
 
 
@@ -49,7 +49,8 @@ def test_a_worker_process_loads_the_host_and_not_the_drivers_side(hwplace_local_
         [loaded] = group.modules().wait(timeout=120)
     finally:
         group.shutdown()
-    assert "hwplace_plugins.ray.host" in loaded and "hwplace.runtime.hosting" in loaded, loaded
+    assert "hwplace_plugins.ray.host" in loaded, loaded
+    assert "hwplace.runtime.hosting" in loaded, loaded
     assert "hwplace_host_probe" not in loaded  # the probe came by value: what is listed is what hosting took
     found = [name for name in loaded if any(name == m or name.startswith(f"{m}.") for m in DRIVER_SIDE)]
     assert found == [], f"a worker process loaded the driver's side: {found} (of {len(loaded)}: {loaded})"
