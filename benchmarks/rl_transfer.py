@@ -9,7 +9,10 @@ Weight sync of 1, 10 and 100 MB to two rollout ranks (the trainer's rank 0 publi
 that version with ``latest(min_version=v)`` and read a value of it):
 - one node (trainer and both rollout ranks on node 0), also timed in the workers ("hwplace in workers": from the
   start of the trainer's ``publish`` to the last rank's read of the version, on the node's one monotonic clock,
-  leaving out the driver's calls, which a training loop does not make): against one copy of the state dict in the
+  leaving out the driver's calls, which a training loop does not make), and from the driver with the targets
+  waiting ("targets waiting": their calls made and left 50 ms to arrive and wait in ``latest()`` before the clock
+  starts, as a loop's targets wait when its source publishes; the clock then covers the publish call and the
+  results' return): against one copy of the state dict in the
   trainer (torch ``copy_`` into tensors made before, timed in the worker: the floor, as a same-node sync needs one
   write by the source and an in-place read by each target; target at 100 MB: at most 2x), against one ``ray.put`` of
   the same arrays in the trainer plus a ``ray.get`` on each rank (target: at most 1.2x at 1 MB), and against
@@ -35,6 +38,7 @@ Run: python benchmarks/rl_transfer.py [--repeat 3] [--quick] [--sizes 100] [--pa
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -51,6 +55,8 @@ from hwplace.testing import local_ray_cluster
 MB = 10**6
 MEMCPY = "one memcpy (in worker)"
 IN_WORKERS = "hwplace in workers"
+WAITING = "targets waiting"  # from the driver, the targets' calls made before the clock starts
+SETTLE = 0.05  # seconds the driver leaves the targets' calls to arrive and wait, before it starts the clock
 
 
 def state_dict(megabytes: int) -> dict[str, torch.Tensor]:
@@ -73,11 +79,13 @@ class Bench(hwplace.Worker):
         sync.publish(self.states[megabytes])
         return begin
 
-    def wait_version(self, sync: hwplace.WeightSync, version: int) -> float:
-        """Wait for ``version`` and read a value of it; returns when that was done (CLOCK_MONOTONIC)."""
+    def wait_version(self, sync: hwplace.WeightSync, version: int) -> tuple[float, float]:
+        """Wait for ``version`` and read a value of it; returns when the call began waiting and when it was done
+        (CLOCK_MONOTONIC)."""
+        began = time.monotonic()
         weights = sync.latest(min_version=version, timeout=300)
         assert int(float(weights.tensors["layer3.weight"][-1])) == 3
-        return time.monotonic()
+        return began, time.monotonic()
 
     def memcpy(self, megabytes: int) -> float:
         """Seconds one copy of the state dict takes in this worker (torch ``copy_`` into tensors made before)."""
@@ -176,19 +184,24 @@ def weight_sync_rows(cluster: hwplace.Cluster, nodes: list[int], sizes: list[int
     print(f"weight sync to two rollout ranks, {where}: {', '.join(sync.plan[i].transport for i in range(2))}")
     inside = IN_WORKERS if nodes[0] == 0 else None  # one node: one clock for the source and its targets
     print(f"  {'MB':>4}  {'hwplace s':>10}  " + "  ".join(f"{b + ' s':>22}  {'ratio':>6}" for b in baselines)
-          + (f"  {inside + ' s':>22}  {'/memcpy':>7}" if inside else ""))
+          + (f"  {inside + ' s':>22}  {'/memcpy':>7}  {WAITING + ' s':>18}  {'/memcpy':>7}" if inside else ""))
     version = 0
+    late = 0  # rounds of WAITING where a target's call began waiting only after the publish began
     for megabytes in sizes:
         for group in (trainer, rollout):
             group.prepare(megabytes).wait(timeout=120)
-        runs: dict[str, list[float]] = {"hwplace": [], IN_WORKERS: [], **{b: [] for b in baselines}}
+        runs: dict[str, list[float]] = {"hwplace": [], IN_WORKERS: [], WAITING: [], **{b: [] for b in baselines}}
         for attempt in range(repeat + 1):  # the first round warms every path up and is not counted
-            version += 1
-            v = version
 
-            def ours(v: int = v, mb: int = megabytes) -> list[Any]:
+            def ours(v: int, mb: int) -> list[Any]:
                 waiting = rollout.wait_version(sync, v)
                 return [trainer.publish(sync, mb), waiting]
+
+            def waited(v: int, mb: int) -> Callable[[], list[Any]]:
+                """The targets' calls first, left to arrive and wait; then (the clock started) the publish."""
+                waiting = rollout.wait_version(sync, v)
+                time.sleep(SETTLE)
+                return lambda: [trainer.publish(sync, mb), waiting]
 
             def put_get(mb: int = megabytes) -> list[Any]:
                 [refs] = trainer.put(mb).wait(timeout=120)
@@ -208,25 +221,40 @@ def weight_sync_rows(cluster: hwplace.Cluster, nodes: list[int], sizes: list[int
 
             chosen = {"ray.put + get": put_get, "driver relay (numpy)": relay, "driver relay (torch)": relay_torch,
                       "gloo broadcast": bcast}
-            order = ["hwplace", *baselines] if attempt % 2 else [*baselines, "hwplace"]
+            ours_too = ["hwplace", WAITING] if inside else ["hwplace"]
+            order = [*ours_too, *baselines] if attempt % 2 else [*baselines, *ours_too]
             for system in order:
                 results: list[Any] = []
                 if system == MEMCPY:
                     [seconds] = trainer.memcpy(megabytes).wait(timeout=120)
+                elif system in ("hwplace", WAITING):
+                    version += 1
+                    start = functools.partial(ours, version, megabytes) if system == "hwplace" else \
+                        waited(version, megabytes)
+                    seconds = timed(start, results)
                 else:
-                    seconds = timed(ours if system == "hwplace" else chosen[system], results)
+                    seconds = timed(chosen[system], results)
                 if attempt:
                     runs[system].append(seconds)
-                    if system == "hwplace":  # from the publish call's start to the last target's read
-                        [begin], ends = results[0], results[1]
-                        runs[IN_WORKERS].append(max(ends) - begin)
+                    if system == "hwplace" and inside:  # from the publish call's start to the last target's read
+                        [begin], waits = results[0], results[1]
+                        runs[IN_WORKERS].append(max(end for _, end in waits) - begin)
+                    if system == WAITING:
+                        [begin], waits = results[0], results[1]
+                        late += any(began > begin for began, _ in waits)
         mine = median(runs["hwplace"])
         cells = "  ".join(f"{median(runs[b]):>22.4f}  {mine / median(runs[b]):>6.2f}" for b in baselines)
         if inside:
-            within = median(runs[IN_WORKERS])
+            within, waiting = median(runs[IN_WORKERS]), median(runs[WAITING])
             cells += f"  {within:>22.4f}  {within / median(runs[MEMCPY]):>7.2f}"
+            cells += f"  {waiting:>18.4f}  {waiting / median(runs[MEMCPY]):>7.2f}"
         print(f"  {megabytes:>4}  {mine:>10.4f}  {cells}")
-    print("  ratio: hwplace's time over the baseline's\n")
+    print("  ratio: hwplace's time over the baseline's")
+    if inside:
+        print(f"  {WAITING}: the targets' calls made {SETTLE * 1e3:g} ms before the clock starts (a training loop's "
+              f"targets wait in latest() when the source publishes); a target was not yet waiting in {late} of "
+              f"{repeat * len(sizes)} rounds")
+    print()
     trainer.shutdown()
     rollout.shutdown()
 
