@@ -2,7 +2,7 @@
 
 Registered through the ``hwplace`` entry-point group like any third-party plugin. Importing it does not
 import Ray; connecting a cluster does. Nor does it import the executor until the hook asks for it: each worker
-process imports this package for :mod:`hwplace_plugins.ray.runtime`, and has no use for the driver's side.
+process imports this package for :mod:`hwplace_plugins.ray.host`, and has no use for the driver's side.
 """
 
 from __future__ import annotations
