@@ -47,53 +47,24 @@ from typing import Any
 
 import ray
 import torch
+from sync_sides import MB, SyncSide  # this folder is the script's: on sys.path
 
 import hwplace
 from hwplace.runtime.messaging.communicator import connect, find_entry
 from hwplace.testing import local_ray_cluster
 
-MB = 10**6
 MEMCPY = "one memcpy (in worker)"
 IN_WORKERS = "hwplace in workers"
 WAITING = "targets waiting"  # from the driver, the targets' calls made before the clock starts
 SETTLE = 0.05  # seconds the driver leaves the targets' calls to arrive and wait, before it starts the clock
 
 
-def state_dict(megabytes: int) -> dict[str, torch.Tensor]:
-    count = megabytes * MB // 16
-    return {f"layer{i}.weight": torch.full((count,), float(i)) for i in range(4)}
+class Bench(SyncSide):
+    """The sync's ends and the floor's copy (:class:`SyncSide`), and the baselines' sides."""
 
-
-class Bench(hwplace.Worker):
     def __init__(self) -> None:
-        self.states: dict[int, dict[str, torch.Tensor]] = {}
-        self.copies: dict[int, dict[str, torch.Tensor]] = {}
+        super().__init__()
         self.pg: Any = None
-
-    def prepare(self, megabytes: int) -> None:
-        self.states[megabytes] = state_dict(megabytes)
-
-    def publish(self, sync: hwplace.WeightSync, megabytes: int) -> float:
-        """Publish; returns when it began (the node's CLOCK_MONOTONIC, which every process of the node shares)."""
-        begin = time.monotonic()
-        sync.publish(self.states[megabytes])
-        return begin
-
-    def wait_version(self, sync: hwplace.WeightSync, version: int) -> tuple[float, float]:
-        """Wait for ``version`` and read a value of it; returns when the call began waiting and when it was done
-        (CLOCK_MONOTONIC)."""
-        began = time.monotonic()
-        weights = sync.latest(min_version=version, timeout=300)
-        assert int(float(weights.tensors["layer3.weight"][-1])) == 3
-        return began, time.monotonic()
-
-    def memcpy(self, megabytes: int) -> float:
-        """Seconds one copy of the state dict takes in this worker (torch ``copy_`` into tensors made before)."""
-        into = self.copies.setdefault(megabytes, {k: torch.empty_like(v) for k, v in self.states[megabytes].items()})
-        begin = time.perf_counter()
-        for name, tensor in self.states[megabytes].items():
-            into[name].copy_(tensor)
-        return time.perf_counter() - begin
 
     def put(self, megabytes: int) -> list[Any]:
         return [ray.put({k: v.numpy() for k, v in self.states[megabytes].items()})]

@@ -7,7 +7,8 @@ state dict of four float32 tensors. Per size, the median of ``--repeat`` rounds 
 - the sync from the driver: the same calls started and waited for by the driver;
 - one ``copy_`` of the state dict into tensors made before, timed in the trainer (the floor: a same-node sync
   needs one write by the source and an in-place read by each target), in the same run, taking turns.
-``benchmarks/rl_transfer.py --parts one-node`` is the same on a Ray cluster, with Ray's baselines beside it.
+``benchmarks/rl_transfer.py --parts one-node`` is the same on a Ray cluster, with Ray's baselines beside it; both
+time the worker class of ``benchmarks/sync_sides.py``.
 
 Run: python benchmarks/sync_memcpy.py [--sizes 1,100] [--repeat 7] [--threads 1]
 """
@@ -28,43 +29,10 @@ from gpu_checks import harness  # after this directory is on the path
 harness.importable()  # this checkout's hwplace, installed or not (the GPU machine has no install)
 
 import torch  # noqa: E402
+from sync_sides import SyncSide  # noqa: E402 (this folder, on the path above; the workers find it there too)
 
 import hwplace  # noqa: E402
 from hwplace.testing import process_cluster  # noqa: E402
-
-MB = 10**6
-
-
-class Side(hwplace.Worker):
-    """A trainer or a rollout rank: the state dicts, the sync's two ends and the floor's copy."""
-
-    def __init__(self, threads: int) -> None:
-        torch.set_num_threads(threads)
-        self.states: dict[int, dict[str, torch.Tensor]] = {}
-        self.into: dict[int, dict[str, torch.Tensor]] = {}
-
-    def prepare(self, megabytes: int) -> int:
-        count = megabytes * MB // 16
-        self.states[megabytes] = {f"layer{i}.weight": torch.full((count,), float(i)) for i in range(4)}
-        self.into[megabytes] = {k: torch.empty_like(v) for k, v in self.states[megabytes].items()}
-        return torch.get_num_threads()
-
-    def publish(self, sync: hwplace.WeightSync, megabytes: int) -> float:
-        begin = time.monotonic()
-        sync.publish(self.states[megabytes])
-        return begin
-
-    def wait_version(self, sync: hwplace.WeightSync, version: int) -> float:
-        weights = sync.latest(min_version=version, timeout=300)
-        if float(weights.tensors["layer3.weight"][-1]) != 3.0:
-            raise AssertionError(f"version {version}: the last tensor's value is not 3")
-        return time.monotonic()
-
-    def memcpy(self, megabytes: int) -> float:
-        begin = time.perf_counter()
-        for name, tensor in self.states[megabytes].items():
-            self.into[megabytes][name].copy_(tensor)
-        return time.perf_counter() - begin
 
 
 def main() -> None:
@@ -75,9 +43,10 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     with process_cluster(num_nodes=1) as cluster:
-        trainer = Side.create_group(args.threads).launch(cluster, hwplace.NodePlacementStrategy([0]), name="trainer")
-        rollout = Side.create_group(args.threads).launch(cluster, hwplace.NodePlacementStrategy([0, 0]),
-                                                         name="rollout")
+        trainer = SyncSide.create_group(args.threads).launch(cluster, hwplace.NodePlacementStrategy([0]),
+                                                             name="trainer")
+        rollout = SyncSide.create_group(args.threads).launch(cluster, hwplace.NodePlacementStrategy([0, 0]),
+                                                             name="rollout")
         try:
             sync = hwplace.WeightSync.create("bench", source="trainer", targets=("rollout",), cluster=cluster)
             transports = ", ".join(t.transport for t in sync.plan)
@@ -99,7 +68,7 @@ def main() -> None:
                         start = time.perf_counter()
                         waiting = rollout.wait_version(sync, version)
                         [begin] = trainer.publish(sync, megabytes).wait(timeout=300)
-                        ends = waiting.wait(timeout=300)
+                        ends = [end for _, end in waiting.wait(timeout=300)]
                         runs["driver"].append(time.perf_counter() - start)
                         runs["inside"].append(max(ends) - begin)
                     if not attempt:
