@@ -1,7 +1,8 @@
 """Weight sync and messaging between workers, each against its baseline in the same run.
 
 One local two-node Ray cluster (``hwplace.testing.local_ray_cluster``), started once. All timings are taken on
-the driver: both sides' calls are started, then awaited; the clock runs from the start until all finished.
+the driver: both sides' calls are started (the source's first), then awaited; the clock runs from the start until
+all finished.
 State dicts are built once per size in the workers (four float32 tensors of a quarter of the size each), so no
 timing includes making them. Each figure is the median of ``--repeat`` runs, the systems taking turns.
 
@@ -165,8 +166,8 @@ def weight_sync_rows(cluster: hwplace.Cluster, nodes: list[int], sizes: list[int
         for attempt in range(repeat + 1):  # the first round warms every path up and is not counted
 
             def ours(v: int, mb: int) -> list[Any]:
-                waiting = rollout.wait_version(sync, v)
-                return [trainer.publish(sync, mb), waiting]
+                published = trainer.publish(sync, mb)  # the source's call first, as every baseline's
+                return [published, rollout.wait_version(sync, v)]
 
             def waited(v: int, mb: int) -> Callable[[], list[Any]]:
                 """The targets' calls first, left to arrive and wait; then (the clock started) the publish."""

@@ -39,6 +39,7 @@ STEPS = [  # (module, attribute, label): what each worker records
     ("hwplace.runtime.weight_sync.links", "recv_pickle", "note received"),
     ("hwplace.runtime.weight_sync.transports", "check_while_written", "check while written"),
     ("hwplace.runtime.weight_sync.transports", "wait_posted", "node's check posted"),
+    ("hwplace.runtime.weight_sync.transports", "wait_sealed", "seal seen"),
     ("hwplace.runtime.weight_sync.segments", "SegmentReader.hold", "hold"),
     ("hwplace.runtime.weight_sync.segments", "SegmentReader.checking", "kept mapping"),
     ("hwplace.runtime.weight_sync.transports", "check", "digest check"),
@@ -140,8 +141,9 @@ def main() -> None:
             [(copy, read)] = trainer.floor().wait(timeout=120)
             used = [*trainer.cpu().wait(timeout=60), *rollout.cpu().wait(timeout=60)]
             start = time.monotonic_ns()
+            published = trainer.publish(sync)  # the source's call first, as in rl_transfer.py
             waiting = rollout.wait_version(sync, version)
-            trainer.publish(sync).wait(timeout=300)
+            published.wait(timeout=300)
             waiting.wait(timeout=300)
             took = (time.monotonic_ns() - start) / 1e6
             used = [b - a for a, b in zip(used, [*trainer.cpu().wait(timeout=60), *rollout.cpu().wait(timeout=60)],

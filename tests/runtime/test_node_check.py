@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +19,7 @@ import hwplace
 from hwplace.runtime.weight_sync import node_check, transports
 from hwplace.runtime.weight_sync.announcements import Announcement, Writing
 from hwplace.runtime.weight_sync.buckets import check, digest, pack, sizes
-from hwplace.runtime.weight_sync.node_check import Board, check_while_written, wait_posted
+from hwplace.runtime.weight_sync.node_check import BOARD_BYTES, Board, check_while_written, wait_posted, wait_sealed
 from hwplace.runtime.weight_sync.segments import CHUNK, SegmentPool, SegmentReader, SegmentRef
 from hwplace.runtime.weight_sync.transports import SameNode
 
@@ -260,6 +261,68 @@ def test_a_version_nobody_checked_while_written_is_checked_once_for_the_node_by_
             with pytest.raises(hwplace.WeightSyncError, match="does not match its digest"):
                 target.take(note)
         assert checks == [1, 1, 1]  # a check that failed posts nothing: each target finds the corruption
+    finally:
+        for end in (source, first, second):
+            end.close()
+
+
+def test_a_seal_names_its_write_and_leaves_the_posted_digests_alone(board: Board) -> None:
+    board.post(4, ["xxh128:posted"])
+    assert board.sealed(4) is None
+    board.seal(4, ["xxh128:a", "xxh128:b"])
+    assert board.sealed(4) == ["xxh128:a", "xxh128:b"]
+    assert board.sealed(3) is None  # another write's seal stands for nothing
+    assert board.sealed(5) is None
+    assert board.posted(4) == ["xxh128:posted"]  # the halves are apart
+    board.post(5, ["xxh128:other"])
+    assert board.sealed(4) == ["xxh128:a", "xxh128:b"]
+    board.seal(6, ["xxh128:" + "f" * 32] * (BOARD_BYTES // 2 // 40))  # more than half a board: not sealed
+    assert board.sealed(6) is None
+    assert board.sealed(4) is None  # nor is the seal before it left standing
+
+
+def test_a_target_waits_for_the_seal_while_going_and_no_longer(pool: SegmentPool, board: Board) -> None:
+    ref, _ = pool.write(1, SIZES, [(b, None) for b in buckets(1)])
+    reader, waiter = SegmentReader(), opened(ref)
+    deadline = time.monotonic() + 120  # bounds each wait should it never end
+
+    def going() -> bool:
+        return time.monotonic() < deadline
+
+    try:
+        assert wait_sealed(waiter, ref, reader.mapping(ref), lambda: False) is None
+        again, digests = pool.write(2, SIZES, [(b, None) for b in buckets(2)])  # the only segment: the same one
+        assert again.fd == ref.fd
+        assert wait_sealed(waiter, ref, reader.mapping(ref), going) is None  # the segment holds another write
+        threading.Timer(0.2, board.seal, (again.serial, digests)).start()
+        assert wait_sealed(waiter, again, reader.mapping(again), going) == digests
+    finally:
+        waiter.close()
+        reader.close()
+
+
+def test_a_version_sealed_on_the_board_is_taken_as_its_announcement_says(checks: list[int]) -> None:
+    source, first, second = SameNode(f"sealed-{os.getpid()}"), SameNode("first"), SameNode("second")
+    try:
+        writing, note = laid_down(source, 1, state(1))
+        assert first.early(writing, lambda: False)
+        assert first.sealed(writing, lambda: False) is None  # written, but not yet sealed
+        source.seal(note)
+        for target in (first, second):
+            sealed = target.sealed(writing, lambda: False)
+            assert sealed == note  # where it lies, its entries, digests and lengths
+            got = target.take(sealed)
+            assert got is not None
+            assert got.weights().tensors["b"][-1] == -1.0
+        assert not checks  # the one check of the node served both
+        writing, note = laid_down(source, 2, state(2), corrupt=True)
+        assert second.early(writing, lambda: False)
+        source.seal(note)
+        for target in (first, second):
+            sealed = target.sealed(writing, lambda: False)
+            assert sealed is not None
+            with pytest.raises(hwplace.WeightSyncError, match="does not match its digest"):
+                target.take(sealed)
     finally:
         for end in (source, first, second):
             end.close()

@@ -16,6 +16,7 @@ import hwplace
 from hwplace.runtime.messaging import communicator
 from hwplace.runtime.weight_sync import buckets, transports
 from hwplace.runtime.weight_sync import sync as sync_module
+from hwplace.runtime.weight_sync.segments import SegmentRef
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
@@ -76,6 +77,20 @@ class Source(Patient):
             return sync.publish(filled(version, size))
 
 
+    def publish_unannounced(self, sync: hwplace.WeightSync, version: int, size: int) -> tuple[int, int]:
+        """Publish with any announcement of a version in the node's shared memory lost on the way; returns the
+        version and how many targets the source announced it to."""
+        real, announced = transports.deliver, []
+
+        def losing(links: list[Any], note: Any, copies: Any = ()) -> None:
+            if isinstance(note.where, SegmentRef):
+                announced.extend(links)
+                return
+            real(links, note, copies)
+
+        with mock.patch.object(transports, "deliver", losing):
+            return sync.publish(filled(version, size)), len(announced)
+
     def publish_mixed(self, sync: hwplace.WeightSync, through_slots: bool) -> int:
         """Parameters, int keys beside their string forms, a 0-dim array; ``through_slots``: as if on GPU 0, which
         target rank 0 holds (torch's CPU shared memory standing in for CUDA IPC)."""
@@ -120,6 +135,16 @@ class Target(Patient):
     def latest(self, sync: hwplace.WeightSync, min_version: int, timeout: Any = 60) -> tuple[int, list[float]]:
         weights = sync.latest(min_version=min_version, timeout=timeout)
         return weights.version, values(weights)
+
+    def latest_once_forewarned(self, sync: hwplace.WeightSync, version: int) -> tuple[int, list[float]]:
+        """``latest()`` asking for no version in particular, once this target's link has brought the Writing note of
+        ``version`` (within a minute)."""
+        receiver = sync._state().intake.receiver  # type: ignore[union-attr]
+        for _ in range(6000):
+            if receiver._writing is not None and receiver._writing.version >= version:
+                break
+            time.sleep(0.01)
+        return self.latest(sync, 0)
 
     def latest_or_error(self, sync: hwplace.WeightSync, min_version: int, timeout: Any = 60) -> str:
         try:
@@ -188,6 +213,32 @@ def test_a_corrupted_version_is_refused_by_every_target_of_the_node_that_one_of_
         waiting = target.latest(sync, 3)
         assert source.publish(sync, 3, size).wait(timeout=60) == [3]
         assert waiting.wait(timeout=60) == [(3, [3.0])] * 2
+    finally:
+        source.shutdown()
+        target.shutdown()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a Writing note goes ahead only with a core to spare")
+def test_targets_a_writing_note_reached_take_the_version_from_its_seal_and_get_no_announcement(cluster) -> None:
+    # the source seals a version on its board once it is written and noted, and announces it to none of the
+    # targets its Writing note reached (announcements are lost here besides): a target waiting for it takes it
+    # from the seal, and so does one that asks later for whatever is newest; the next version comes as before
+    size = transports.EARLY_BYTES // 4 + 1000
+    source = Source.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="sealed-source")
+    target = Target.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 0]), name="sealed-target")
+    try:
+        sync = hwplace.WeightSync.create("sealed", source="sealed-source", targets=("sealed-target",))
+        waiting = target.latest(sync, 1)
+        assert source.publish(sync, 1, size).wait(timeout=60) == [1]
+        assert waiting.wait(timeout=60) == [(1, [1.0])] * 2  # both linked: later versions are forewarned
+        waiting = target.latest(sync, 2)
+        assert source.publish_unannounced(sync, 2, size).wait(timeout=60) == [(2, 0)]
+        assert waiting.wait(timeout=120) == [(2, [2.0])] * 2
+        assert source.publish_unannounced(sync, 3, size).wait(timeout=60) == [(3, 0)]  # nobody waiting for it
+        assert target.latest_once_forewarned(sync, 3).wait(timeout=120) == [(3, [3.0])] * 2
+        waiting = target.latest(sync, 4)
+        assert source.publish(sync, 4, size).wait(timeout=60) == [4]
+        assert waiting.wait(timeout=60) == [(4, [4.0])] * 2
     finally:
         source.shutdown()
         target.shutdown()

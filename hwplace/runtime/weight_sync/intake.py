@@ -69,13 +69,14 @@ class Intake:
 
     def _take(self, wanted: int, timeout: float | None, module: Any) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
+        passed = 0  # a Writing note of this version or older was looked at in this call, and not sealed
         while True:
             have = self._have()
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             # a version below ``wanted`` is not taken while one at least ``wanted`` is awaited: not copied, and a
             # corrupted one that a newer version superseded on its way is no error of this call
-            got = self.receiver.newest(self._seen, 0) if have >= wanted else \
-                self.receiver.newest(max(self._seen, wanted - 1), wait, self._early)
+            got = self.receiver.newest(self._seen, 0, passed) if have >= wanted else \
+                self.receiver.newest(max(self._seen, wanted - 1), wait, passed)
             if got is None:
                 if have >= wanted:
                     if module is not None:
@@ -84,11 +85,12 @@ class Intake:
                 raise TimeoutError(f"weight sync {self.name!r}: no version >= {wanted} within {timeout:g} s"
                                    if timeout is not None else f"weight sync {self.name!r}: no version >= {wanted}")
             note, held = got
-            if isinstance(note.where, Writing):  # awaited and being written: hash what is written meanwhile
-                self._early = note.version
-                self.same_node.early(note, lambda: self.receiver.pending(self._early) and (
-                    deadline is None or time.monotonic() < deadline))
-                continue
+            if isinstance(note.where, Writing):  # being written, or written and sealed: its announcement
+                sealed = self._sealed(note, have < wanted, deadline)
+                if sealed is None:
+                    passed = note.version
+                    continue
+                note = sealed
             self._seen = note.version
             if isinstance(note.where, RingDescriptor) and module is not None:
                 try:
@@ -109,6 +111,21 @@ class Intake:
             if taken and module is not None and note.version >= wanted:
                 module.load_state_dict(dict(self._current().tensors))
                 return note.version
+
+    def _sealed(self, note: Announcement, waiting: bool, deadline: float | None) -> Announcement | None:
+        """The version a Writing ``note`` names, as the source sealed it on its board: looked for at once, or, by a
+        caller ``waiting`` for it, hashed for the node as it is written (once) and waited for while it may still
+        come (until ``deadline``). None when it is not sealed by then."""
+        if not waiting:
+            return self.same_node.sealed(note, lambda: False)
+
+        def going() -> bool:
+            return self.receiver.pending(note.version) and (deadline is None or time.monotonic() < deadline)
+
+        if note.version > self._early:
+            self._early = note.version
+            self.same_node.early(note, going)
+        return self.same_node.sealed(note, going)
 
     def _current(self) -> Weights:
         """The kept version, to load into a module (host memory: read-only views of it, to copy from)."""

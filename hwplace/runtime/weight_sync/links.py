@@ -5,20 +5,19 @@ first publishes and that target first asks for weights; each target joins on its
 asked yet never holds up the others. Every version is an
 :class:`~hwplace.runtime.weight_sync.announcements.Announcement`, broadcast as its frames; its ``where`` field
 says where the version lies, as its transport (:mod:`hwplace.runtime.weight_sync.transports`) laid it down (a
-large version's digests follow its buckets, taken as they are sent: one bucket in flight). A node's relay
-(:mod:`hwplace.runtime.weight_sync.relay`) has links of the same kind to its node's other ranks.
+large version's digests follow its buckets, taken as they are sent: one bucket in flight; a target that got a
+version's Writing note (:func:`forewarn`) may get its seal on the source's board in place of its announcement).
+A node's relay (:mod:`hwplace.runtime.weight_sync.relay`) has links of the same kind to its node's other ranks.
 
 :func:`fan_out` sends a version on every link whose target has joined, in ``publish``'s thread, bucket by
 bucket to all of them at once, each send to another node counted on its node pair (and held to the emulated
-link's rate: :mod:`hwplace.runtime.weight_sync.link_model`); a link whose target has not joined yet gets it
-from its own thread once it has (the newest version offered: versions offered meanwhile are skipped, never
-mixed). A link that breaks names its target. A :class:`Receiver` thread on each target takes announcements as
-they come (and the buckets that follow one, received into a file of the target:
-:func:`~hwplace.runtime.weight_sync.segments.receiving`, or on a relay into its segment) and keeps the newest;
-the target takes the version from where it lies when it asks. A link's key names both ends' processes
-(:func:`link_key`); a receiver whose source (or relay) died links to the process its group restarts, keeping
-the newest version meanwhile. Imports the layers below, the communicator, and the room's announcements,
-link-model and segments modules.
+link's rate: :mod:`hwplace.runtime.weight_sync.link_model`); a link whose target has not joined yet gets the
+newest version offered from its own thread once it has. A link that breaks names its target. A
+:class:`Receiver` thread on each target takes announcements (and the buckets that follow one, received into a
+file of the target, or on a relay into its segment) and keeps the newest; the target takes the version from
+where it lies when it asks. A link's key names both ends' processes (:func:`link_key`); a receiver whose source
+(or relay) died links to the process its group restarts. Imports the layers below, the communicator, and the
+room's announcements, link-model and segments modules.
 """
 
 from __future__ import annotations
@@ -235,10 +234,10 @@ def fan_out(links: Sequence[Link], note: Announcement, buckets: Buckets = ()) ->
             link.sent = note.version
 
 
-def forewarn(links: Sequence[Link], note: Announcement) -> Callable[[], None]:
+def forewarn(links: Sequence[Link], note: Announcement) -> Callable[[], list[Link]]:
     """Start sending a :class:`Writing` note on every link whose target has joined (others only ever get whole
-    versions; it counts as no version sent); the returned call waits until it is sent. A link that breaks keeps
-    its error, as in :func:`fan_out`."""
+    versions; it counts as no version sent); the returned call waits until it is sent and returns the links it
+    reached. A link that breaks keeps its error, as in :func:`fan_out`."""
     head, works = frames(note, torch_module()), []
     for link in sorted(links, key=id):  # one lock order for every caller
         with link.lock:  # what a link sends later is queued after it
@@ -248,13 +247,14 @@ def forewarn(links: Sequence[Link], note: Announcement) -> Callable[[], None]:
             except BaseException as exc:
                 link.broke(exc)
 
-    def sent() -> None:
+    def sent() -> list[Link]:
         for link, started in works:
             try:
                 for work in started:
                     work.wait()
             except BaseException as exc:
                 link.broke(exc)
+        return [link for link, _ in works if link.error is None]
 
     return sent
 
@@ -358,13 +358,13 @@ class Receiver:
         return None
 
     def newest(self, after: int, timeout: float | None,
-               early: int | None = None) -> tuple[Announcement, HeldFile | None] | None:
-        """The newest announcement of a version after ``after`` (with its buckets when they followed it), waiting
-        up to ``timeout`` s for one (None: without end); None when none came, the link's error when it broke.
-        With ``early``, also a :class:`Writing` note of a version after both (with None), until a whole one."""
+               passed: int = 0) -> tuple[Announcement, HeldFile | None] | None:
+        """The newest announcement of a version after ``after`` (with its buckets when they followed it), else the
+        newest :class:`Writing` note of a version after both ``after`` and ``passed`` (with None), waiting up to
+        ``timeout`` s for either (None: without end); None when none came, the link's error when it broke."""
         def writing() -> Announcement | None:
             note = self._writing
-            return note if early is not None and note is not None and note.version > max(after, early) else None
+            return note if note is not None and note.version > max(after, passed) else None
 
         with self._changed:
             self._changed.wait_for(lambda: (self._newest is not None and self._newest[0].version > after)
@@ -377,10 +377,11 @@ class Receiver:
             return None if note is None else (note, None)
 
     def pending(self, version: int) -> bool:
-        """Whether ``version`` may still be announced whole: no version of at least it has come, the link stands."""
+        """Whether ``version`` may still come: no version of at least it, nor a newer Writing note, the link up."""
         with self._changed:
             return not self._closed and self._error is None and (
-                self._newest is None or self._newest[0].version < version)
+                self._newest is None or self._newest[0].version < version) and (
+                self._writing is None or self._writing.version <= version)
 
     def report(self) -> None:
         """On a relay: tell the source to look at what the relay noted in the rendezvous (ranks dead or back)."""

@@ -14,7 +14,10 @@ version no target checked while it was written (none was waiting, or a relay rec
 first target to take it, for the node in the same way (:func:`check_for_node`).
 
 The board is a small file of the source's (a memfd on Linux); a target opens it through ``/proc/<pid>/fd`` and
-maps it shared. Imports the foundation and the buckets and segments modules.
+maps it shared. Its second half is the source's: once a version is written and noted, the source *seals* it there
+(the write's serial and the digests it announces), so that a target waiting for it takes it from the node's shared
+memory (:func:`wait_sealed`) without waiting for the announcement on its link, which follows all the same. Imports
+the foundation and the buckets and segments modules.
 """
 
 from __future__ import annotations
@@ -31,9 +34,12 @@ from typing import Any, TypeVar
 from hwplace.runtime.weight_sync.buckets import Hasher
 from hwplace.runtime.weight_sync.segments import CHUNK, SegmentRef, progress, try_lock
 
-BOARD_BYTES = 64 * 1024  # the board: a header, then the posted digests, one per line
-HEAD = struct.Struct("<qq")  # the serial whose digests are posted (0: none, or being posted), their text's length
-POLL = 0.0002  # seconds between looks at a write's progress, or at a board being posted
+BOARD_BYTES = 64 * 1024  # the board: two halves, each a header, then digests, one per line
+POSTED, SEALED = 0, BOARD_BYTES // 2  # where the half a target posts its check in starts, and the source's
+HEAD = struct.Struct("<qq")  # the serial whose digests are in a half (0: none, or being written), their text's length
+POLL = 0.0002  # seconds between looks at a write's progress, or at a board being posted or sealed
+WHILE_WRITTEN = 0.002  # seconds between looks for a seal while the write has more than NEAR bytes to go
+NEAR = 32 * CHUNK  # 8 MiB: a write about a millisecond from its end
 T = TypeVar("T")
 WAIT_POSTED = 2.0  # the longest a target waits for a claimed board to be posted before it checks by itself
 
@@ -95,20 +101,35 @@ class Board:
 
     def post(self, serial: int, digests: Sequence[str]) -> None:
         """Post the digests of write ``serial`` (those that do not fit are not posted: targets check by themselves)."""
-        text = "\n".join(digests).encode()
-        HEAD.pack_into(self.map, 0, 0, 0)  # no serial while the text changes
-        if HEAD.size + len(text) > BOARD_BYTES:
-            return
-        self.map[HEAD.size : HEAD.size + len(text)] = text
-        HEAD.pack_into(self.map, 0, serial, len(text))
+        self._put(POSTED, serial, digests)
 
     def posted(self, serial: int) -> list[str] | None:
         """The digests posted for write ``serial``, or None."""
-        found, length = HEAD.unpack_from(self.map, 0)
+        return self._get(POSTED, serial)
+
+    def seal(self, serial: int, digests: Sequence[str]) -> None:
+        """The source's: write ``serial`` is whole, noted, and has ``digests`` (those that do not fit are not sealed:
+        targets wait for the announcement on their link)."""
+        self._put(SEALED, serial, digests)
+
+    def sealed(self, serial: int) -> list[str] | None:
+        """The digests the source sealed write ``serial`` with, or None."""
+        return self._get(SEALED, serial)
+
+    def _put(self, base: int, serial: int, digests: Sequence[str]) -> None:
+        text = "\n".join(digests).encode()
+        HEAD.pack_into(self.map, base, 0, 0)  # no serial while the text changes
+        if HEAD.size + len(text) > BOARD_BYTES // 2:
+            return
+        self.map[base + HEAD.size : base + HEAD.size + len(text)] = text
+        HEAD.pack_into(self.map, base, serial, len(text))
+
+    def _get(self, base: int, serial: int) -> list[str] | None:
+        found, length = HEAD.unpack_from(self.map, base)
         if found != serial or not serial:
             return None
-        text = bytes(self.map[HEAD.size : HEAD.size + length])
-        if HEAD.unpack_from(self.map, 0) != (found, length):  # posted again meanwhile
+        text = bytes(self.map[base + HEAD.size : base + HEAD.size + length])
+        if HEAD.unpack_from(self.map, base) != (found, length):  # written again meanwhile
             return None
         return text.decode().split("\n") if text else []
 
@@ -186,3 +207,16 @@ def wait_posted(board: Board, serial: int) -> list[str] | None:
             return found if found is not None else board.posted(serial)
         time.sleep(POLL)
 
+
+
+def wait_sealed(board: Board, ref: SegmentRef, mapping: Any, going: Callable[[], bool]) -> list[str] | None:
+    """The digests the source sealed write ``ref`` with (:meth:`Board.seal`), waiting while ``going()``; None when
+    it stops first, or the segment's header (``mapping``) names another write. Looks every :data:`POLL` s once the
+    header says the write is within :data:`NEAR` bytes of its end, less often before."""
+    end = max((o + n for o, n in zip(ref.offsets, ref.lengths, strict=True)), default=0)
+    while True:
+        found = board.sealed(ref.serial)
+        serial, done = progress(mapping)
+        if found is not None or serial != ref.serial or not going():
+            return found
+        time.sleep(POLL if end - done <= NEAR else WHILE_WRITTEN)

@@ -13,7 +13,8 @@ Each class owns both ends of its transport: how the source lays a version down f
   (:mod:`hwplace.runtime.weight_sync.segments`) that every target of the node maps and reads in place. One target
   checks it for the node (:mod:`hwplace.runtime.weight_sync.node_check`); from ``EARLY_BYTES`` on, where the
   source has a core beside it, a :class:`~hwplace.runtime.weight_sync.announcements.Writing` note goes ahead of the
-  copy, so that a target waiting for the version checks it as it is written.
+  copy, so that a target waiting for the version checks it as it is written; the targets it reached get the version
+  *sealed* on the source's board once it is written and noted (:meth:`SameNode.seal`), not announced on the link.
 - :class:`OtherNode` (``other-node``): the buckets follow the announcement on each target's link, straight from
   the source's tensors once every such target has joined, else from the node's copy.
 
@@ -27,10 +28,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
 from hwplace.config.weight_sync import DEFAULT_BUCKET_BYTES, DEFAULT_DEVICE_BUCKETS
+from hwplace.foundation.errors import WeightSyncError
+from hwplace.foundation.peer_files import peer_path
 from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SAME_NODE
 from hwplace.runtime.messaging.communicator import torch_module
 from hwplace.runtime.weight_sync.announcements import Announcement, Follows, HeldBytes, InlineVersion, Writing
@@ -38,7 +42,7 @@ from hwplace.runtime.weight_sync.buckets import INLINE_BYTES, Entry, Packed, Wei
 from hwplace.runtime.weight_sync.device_ring import RingDescriptor, RingReader, RingWriter
 from hwplace.runtime.weight_sync.device_share import physical_device
 from hwplace.runtime.weight_sync.links import ANNOUNCED_BYTES, Link, buckets_of, fan_out, forewarn
-from hwplace.runtime.weight_sync.node_check import Board, check_for_node, check_while_written, wait_posted
+from hwplace.runtime.weight_sync.node_check import Board, check_for_node, check_while_written, wait_posted, wait_sealed
 from hwplace.runtime.weight_sync.segments import HeldFile, SegmentPool, SegmentReader, SegmentRef
 
 KEEP_BOARDS = 4  # a target keeps the boards of this many sources (a restarted source makes a new one)
@@ -135,7 +139,7 @@ class SameNode:
             given: Iterable[tuple[Any, str | None]] = \
                 ((bucket, None) for bucket in buckets.raw) if isinstance(buckets, Packed) else buckets
             tell = None if started is None or sum(lengths) < EARLY_BYTES else \
-                lambda ref: started(Announcement(version, Writing(ref), lengths=tuple(lengths)))
+                lambda ref: started(Announcement(version, Writing(ref), tuple(entries), lengths=tuple(lengths)))
             segment, digests = self.segments.write(version, lengths, given, tell)
             copies = self.segments.views(segment) if keep else []
             return Announcement(version, segment, tuple(entries), tuple(digests), tuple(lengths)), copies
@@ -152,6 +156,29 @@ class SameNode:
         ref = note.where.segment
         board, mapping = self._board_of(ref), self.reader.mapping(ref)
         return board is not None and mapping is not None and check_while_written(board, ref, mapping, going)
+
+    def sealed(self, note: Announcement, going: Callable[[], bool]) -> Announcement | None:
+        """The version a :class:`Writing` ``note`` names, as its announcement will say, once the source has sealed it
+        on its board (:func:`wait_sealed`, until ``going()`` is False): None when it has not by then, or the source
+        has no board. A target waiting for it takes it so, without waiting for the announcement on its link."""
+        assert isinstance(note.where, Writing)
+        ref = note.where.segment
+        board, mapping = self._board_of(ref), self.reader.mapping(ref)
+        if board is None and ref.board >= 0 and os.path.exists(f"/proc/{ref.pid}"):  # its seals would go unseen
+            raise WeightSyncError(f"cannot open the source's board {peer_path(ref.pid, ref.board)}; the source "
+                                  f"(process {ref.pid}) and this target must run as the same user on one node, "
+                                  "with /proc readable")
+        digests = None if board is None or mapping is None else wait_sealed(board, ref, mapping, going)
+        return None if digests is None else replace(note, where=ref, digests=tuple(digests))
+
+    def seal(self, note: Announcement) -> bool:
+        """On the source, once ``note``'s version is laid down and noted: seal it on the board, for the targets its
+        Writing note reached (:meth:`sealed`); whether it is sealed (it is not without a board, or where its
+        digests do not fit on it)."""
+        if self.board is None or not isinstance(note.where, SegmentRef):
+            return False
+        self.board.seal(note.where.serial, note.digests)
+        return self.board.sealed(note.where.serial) is not None
 
     def take(self, note: Announcement) -> HostVersion | None:
         """The version, checked; None when its segment has since been given to a newer version. Its buckets are
@@ -306,17 +333,20 @@ class Source:
             noted()
             OtherNode.stream(other, version, entries, lengths, iter(buckets))  # straight from the tensors: none kept
             return
-        warned: list[Callable[[], None]] = []
+        warned: list[Callable[[], list[Link]]] = []
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         early = None if cores < 2 else \
             lambda writing: warned.append(forewarn(node, writing))  # a core for the source and one checking target
         note, copies = self.same_node.lay_down(version, entries, lengths, buckets, to_node, to_other, early)
-        for sent in warned:
-            sent()
+        reached = {link for sent in warned for link in sent()}
         noted()
         if to_node:
             self._newest[SAME_NODE] = (note, [])
-            deliver(node, note)
+            if reached and self.same_node.seal(note):  # the seal is their announcement: a target takes it from there
+                for link in reached:
+                    with link.lock:
+                        link.sent = max(link.sent, version)
+            deliver([link for link in node if link.sent < version], note)
         if to_other:
             following = OtherNode.following(note)
             self._newest[OTHER_NODE] = (following, [] if isinstance(note.where, SegmentRef) else copies)
