@@ -4,9 +4,11 @@ for its first version, segments the source let go, and tensors a target writes i
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
@@ -163,6 +165,20 @@ def groups(cluster: hwplace.Cluster):
     target.shutdown()
 
 
+@contextlib.contextmanager
+def one_node(cluster: hwplace.Cluster, name: str) -> Iterator[tuple[Any, Any, hwplace.WeightSync]]:
+    """A source and two targets on node 0, and a weight sync between them (its two targets ``same-node``)."""
+    source = Source.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name=f"{name}-source")
+    target = Target.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 0]), name=f"{name}-target")
+    try:
+        sync = hwplace.WeightSync.create(name, source=f"{name}-source", targets=(f"{name}-target",))
+        assert [p.transport for p in sync.plan] == ["same-node", "same-node"]
+        yield source, target, sync
+    finally:
+        source.shutdown()
+        target.shutdown()
+
+
 def test_a_bad_timeout_is_a_clear_error_and_inf_waits_without_end(groups) -> None:
     source, target = groups
     sync = hwplace.WeightSync.create("timeouts", source="source", targets=("target",))
@@ -196,11 +212,7 @@ def test_a_corrupted_version_is_refused_by_every_target_of_the_node_that_one_of_
     # two targets on the source's node wait for a version large enough to be checked once for the node while it
     # is written: whichever checks it, both refuse the corrupted one and keep the version before
     size = transports.EARLY_BYTES // 4 + 1000
-    source = Source.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="node-check-source")
-    target = Target.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 0]), name="node-check-target")
-    try:
-        sync = hwplace.WeightSync.create("node-check", source="node-check-source", targets=("node-check-target",))
-        assert [p.transport for p in sync.plan] == ["same-node", "same-node"]
+    with one_node(cluster, "node-check") as (source, target, sync):
         waiting = target.latest(sync, 1)
         assert source.publish(sync, 1, size).wait(timeout=60) == [1]
         assert waiting.wait(timeout=60) == [(1, [1.0])] * 2
@@ -213,9 +225,6 @@ def test_a_corrupted_version_is_refused_by_every_target_of_the_node_that_one_of_
         waiting = target.latest(sync, 3)
         assert source.publish(sync, 3, size).wait(timeout=60) == [3]
         assert waiting.wait(timeout=60) == [(3, [3.0])] * 2
-    finally:
-        source.shutdown()
-        target.shutdown()
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a Writing note goes ahead only with a core to spare")
@@ -224,10 +233,7 @@ def test_targets_a_writing_note_reached_take_the_version_from_its_seal_and_get_n
     # targets its Writing note reached (announcements are lost here besides): a target waiting for it takes it
     # from the seal, and so does one that asks later for whatever is newest; the next version comes as before
     size = transports.EARLY_BYTES // 4 + 1000
-    source = Source.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name="sealed-source")
-    target = Target.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 0]), name="sealed-target")
-    try:
-        sync = hwplace.WeightSync.create("sealed", source="sealed-source", targets=("sealed-target",))
+    with one_node(cluster, "sealed") as (source, target, sync):
         waiting = target.latest(sync, 1)
         assert source.publish(sync, 1, size).wait(timeout=60) == [1]
         assert waiting.wait(timeout=60) == [(1, [1.0])] * 2  # both linked: later versions are forewarned
@@ -239,9 +245,6 @@ def test_targets_a_writing_note_reached_take_the_version_from_its_seal_and_get_n
         waiting = target.latest(sync, 4)
         assert source.publish(sync, 4, size).wait(timeout=60) == [4]
         assert waiting.wait(timeout=60) == [(4, [4.0])] * 2
-    finally:
-        source.shutdown()
-        target.shutdown()
 
 
 def test_what_cannot_travel_exactly_is_refused_by_key_and_nothing_is_sent(groups) -> None:
