@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -326,6 +327,20 @@ def test_a_version_sealed_on_the_board_is_taken_as_its_announcement_says(checks:
     finally:
         for end in (source, first, second):
             end.close()
+
+
+def test_a_board_a_live_source_has_that_cannot_be_opened_is_a_clear_error() -> None:
+    source, target = SameNode(f"sealed-{os.getpid()}"), SameNode("target")
+    try:
+        writing, _ = laid_down(source, 1, state(1))
+        assert isinstance(writing.where, Writing)
+        hidden = replace(writing, where=Writing(replace(writing.where.segment, board=65000)))  # no such descriptor
+        named = f"cannot open the source's board /proc/{os.getpid()}/fd/65000"
+        with pytest.raises(hwplace.WeightSyncError, match=named):
+            target.sealed(hidden, lambda: True)  # its seals would go unseen: an error, not a wait
+    finally:
+        source.close()
+        target.close()
 
 
 def test_closing_a_board_twice_leaves_a_file_given_its_number_meanwhile_open() -> None:

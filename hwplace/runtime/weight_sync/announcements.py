@@ -52,9 +52,10 @@ class Follows:
 
 @dataclass(frozen=True)
 class Writing:
-    """The source is writing the version into ``segment`` now; its announcement (where it lies, with its digests)
-    follows once it is written. One target waiting for it may check it for the node meanwhile
-    (:func:`~hwplace.runtime.weight_sync.node_check.check_while_written`); none takes a version from this."""
+    """The source is writing the version into ``segment`` now (the note carries its entries and lengths). One target
+    waiting for it may check it for the node meanwhile
+    (:func:`~hwplace.runtime.weight_sync.node_check.check_while_written`); once it is written and noted, the source
+    seals it on its board with its digests, and the note and the seal stand for its announcement."""
 
     segment: SegmentRef
 

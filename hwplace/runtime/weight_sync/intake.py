@@ -7,7 +7,7 @@ turn). A version whose buckets or segment hold a newer one by then is skipped fo
 match its digests is a ``WeightSyncError``, once, and the previous one stays the latest; while a version of at
 least ``min_version`` is awaited, older ones are not taken, and one the source is writing into the node's
 shared memory may be checked for the whole node as it is written (by whichever waiting target claims the source's
-board first; it becomes the latest only once announced whole and its digests match). The target keeps the newest
+board first; it becomes the latest only once sealed or announced and its digests match). The target keeps the newest
 version it took, and each ``latest()`` call gets tensors of its own: copy-on-write views of a version in host memory
 (:class:`~hwplace.runtime.weight_sync.transports.HostVersion`), a copy from the source's device buckets of a same-device
 one, into the buffer of the one before when nothing else holds that any more; ``load_into`` copies one

@@ -15,9 +15,9 @@ first target to take it, for the node in the same way (:func:`check_for_node`).
 
 The board is a small file of the source's (a memfd on Linux); a target opens it through ``/proc/<pid>/fd`` and
 maps it shared. Its second half is the source's: once a version is written and noted, the source *seals* it there
-(the write's serial and the digests it announces), so that a target waiting for it takes it from the node's shared
-memory (:func:`wait_sealed`) without waiting for the announcement on its link, which follows all the same. Imports
-the foundation and the buckets and segments modules.
+(the write's serial and its digests), and a target its Writing note reached takes it from there
+(:func:`wait_sealed`): no announcement follows on its link. Imports the foundation and the buckets and segments
+modules.
 """
 
 from __future__ import annotations
@@ -206,7 +206,6 @@ def wait_posted(board: Board, serial: int) -> list[str] | None:
         if found is not None or not board.claimed() or time.monotonic() > deadline:
             return found if found is not None else board.posted(serial)
         time.sleep(POLL)
-
 
 
 def wait_sealed(board: Board, ref: SegmentRef, mapping: Any, going: Callable[[], bool]) -> list[str] | None:

@@ -158,9 +158,9 @@ class SameNode:
         return board is not None and mapping is not None and check_while_written(board, ref, mapping, going)
 
     def sealed(self, note: Announcement, going: Callable[[], bool]) -> Announcement | None:
-        """The version a :class:`Writing` ``note`` names, as its announcement will say, once the source has sealed it
+        """The version a :class:`Writing` ``note`` names, as an announcement would say, once the source has sealed it
         on its board (:func:`wait_sealed`, until ``going()`` is False): None when it has not by then, or the source
-        has no board. A target waiting for it takes it so, without waiting for the announcement on its link."""
+        has no board; a board a live source has that cannot be opened is a ``WeightSyncError`` naming it."""
         assert isinstance(note.where, Writing)
         ref = note.where.segment
         board, mapping = self._board_of(ref), self.reader.mapping(ref)
