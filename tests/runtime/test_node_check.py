@@ -270,14 +270,14 @@ def test_a_version_nobody_checked_while_written_is_checked_once_for_the_node_by_
 def test_a_seal_names_its_write_and_leaves_the_posted_digests_alone(board: Board) -> None:
     board.post(4, ["xxh128:posted"])
     assert board.sealed(4) is None
-    board.seal(4, ["xxh128:a", "xxh128:b"])
+    assert board.seal(4, ["xxh128:a", "xxh128:b"])
     assert board.sealed(4) == ["xxh128:a", "xxh128:b"]
     assert board.sealed(3) is None  # another write's seal stands for nothing
     assert board.sealed(5) is None
     assert board.posted(4) == ["xxh128:posted"]  # the halves are apart
     board.post(5, ["xxh128:other"])
     assert board.sealed(4) == ["xxh128:a", "xxh128:b"]
-    board.seal(6, ["xxh128:" + "f" * 32] * (BOARD_BYTES // 2 // 40))  # more than half a board: not sealed
+    assert not board.seal(6, ["xxh128:" + "f" * 32] * (BOARD_BYTES // 2 // 40))  # more than half a board
     assert board.sealed(6) is None
     assert board.sealed(4) is None  # nor is the seal before it left standing
 

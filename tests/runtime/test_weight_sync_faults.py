@@ -15,6 +15,7 @@ from unittest import mock
 import pytest
 
 import hwplace
+from hwplace.config.weight_sync import DEFAULT_BUCKET_BYTES
 from hwplace.runtime.messaging import communicator
 from hwplace.runtime.weight_sync import buckets, transports
 from hwplace.runtime.weight_sync import sync as sync_module
@@ -79,19 +80,24 @@ class Source(Patient):
             return sync.publish(filled(version, size))
 
 
-    def publish_unannounced(self, sync: hwplace.WeightSync, version: int, size: int) -> tuple[int, int]:
-        """Publish with any announcement of a version in the node's shared memory lost on the way; returns the
-        version and how many targets the source announced it to."""
+    def publish_unannounced(self, sync: hwplace.WeightSync, version: int, size: int, lose: bool = True,
+                            pieces: int = 0) -> tuple[int, int]:
+        """Publish (``pieces``: that many tensors of ``size`` values) with any announcement of a version in the
+        node's shared memory lost on the way (unless not ``lose``); returns the version and how many targets the
+        source announced it to."""
+        state = {f"p{i}": torch.full((size,), float(version)) for i in range(pieces)} if pieces else \
+            filled(version, size)
         real, announced = transports.deliver, []
 
         def losing(links: list[Any], note: Any, copies: Any = ()) -> None:
             if isinstance(note.where, SegmentRef):
                 announced.extend(links)
-                return
+                if lose:
+                    return
             real(links, note, copies)
 
         with mock.patch.object(transports, "deliver", losing):
-            return sync.publish(filled(version, size)), len(announced)
+            return sync.publish(state), len(announced)
 
     def publish_mixed(self, sync: hwplace.WeightSync, through_slots: bool) -> int:
         """Parameters, int keys beside their string forms, a 0-dim array; ``through_slots``: as if on GPU 0, which
@@ -166,12 +172,14 @@ def groups(cluster: hwplace.Cluster):
 
 
 @contextlib.contextmanager
-def one_node(cluster: hwplace.Cluster, name: str) -> Iterator[tuple[Any, Any, hwplace.WeightSync]]:
+def one_node(cluster: hwplace.Cluster, name: str,
+             bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[tuple[Any, Any, hwplace.WeightSync]]:
     """A source and two targets on node 0, and a weight sync between them (its two targets ``same-node``)."""
     source = Source.create_group().launch(cluster, hwplace.NodePlacementStrategy([0]), name=f"{name}-source")
     target = Target.create_group().launch(cluster, hwplace.NodePlacementStrategy([0, 0]), name=f"{name}-target")
     try:
-        sync = hwplace.WeightSync.create(name, source=f"{name}-source", targets=(f"{name}-target",))
+        sync = hwplace.WeightSync.create(name, source=f"{name}-source", targets=(f"{name}-target",),
+                                         bucket_bytes=bucket_bytes)
         assert [p.transport for p in sync.plan] == ["same-node", "same-node"]
         yield source, target, sync
     finally:
@@ -245,6 +253,20 @@ def test_targets_a_writing_note_reached_take_the_version_from_its_seal_and_get_n
         waiting = target.latest(sync, 4)
         assert source.publish(sync, 4, size).wait(timeout=60) == [4]
         assert waiting.wait(timeout=60) == [(4, [4.0])] * 2
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a Writing note goes ahead only with a core to spare")
+def test_a_version_whose_digests_do_not_fit_on_the_board_is_announced_as_before(cluster) -> None:
+    # 900 tensors of 10.4 KB, each a bucket of its own: 900 digests, more than half a board holds (about 800)
+    pieces, size = 900, 2600
+    assert pieces * size * 4 >= transports.EARLY_BYTES  # large enough to go with a Writing note
+    with one_node(cluster, "unsealed", bucket_bytes=4096) as (source, target, sync):
+        waiting = target.latest(sync, 1)
+        assert source.publish(sync, 1).wait(timeout=60) == [1]
+        assert waiting.wait(timeout=60) == [(1, [1.0])] * 2  # both linked: later versions are forewarned
+        waiting = target.latest(sync, 2)
+        assert source.publish_unannounced(sync, 2, size, False, pieces).wait(timeout=60) == [(2, 2)]
+        assert waiting.wait(timeout=60) == [(2, [2.0])] * 2
 
 
 def test_what_cannot_travel_exactly_is_refused_by_key_and_nothing_is_sent(groups) -> None:

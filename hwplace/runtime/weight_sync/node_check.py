@@ -107,22 +107,23 @@ class Board:
         """The digests posted for write ``serial``, or None."""
         return self._get(POSTED, serial)
 
-    def seal(self, serial: int, digests: Sequence[str]) -> None:
-        """The source's: write ``serial`` is whole, noted, and has ``digests`` (those that do not fit are not sealed:
-        targets wait for the announcement on their link)."""
-        self._put(SEALED, serial, digests)
+    def seal(self, serial: int, digests: Sequence[str]) -> bool:
+        """The source's: write ``serial`` is whole, noted, and has ``digests``; whether they fit (those that do not
+        are not sealed: the targets are announced the version on their links)."""
+        return self._put(SEALED, serial, digests)
 
     def sealed(self, serial: int) -> list[str] | None:
         """The digests the source sealed write ``serial`` with, or None."""
         return self._get(SEALED, serial)
 
-    def _put(self, base: int, serial: int, digests: Sequence[str]) -> None:
+    def _put(self, base: int, serial: int, digests: Sequence[str]) -> bool:
         text = "\n".join(digests).encode()
         HEAD.pack_into(self.map, base, 0, 0)  # no serial while the text changes
         if HEAD.size + len(text) > BOARD_BYTES // 2:
-            return
+            return False
         self.map[base + HEAD.size : base + HEAD.size + len(text)] = text
         HEAD.pack_into(self.map, base, serial, len(text))
+        return True
 
     def _get(self, base: int, serial: int) -> list[str] | None:
         found, length = HEAD.unpack_from(self.map, base)

@@ -177,8 +177,7 @@ class SameNode:
         digests do not fit on it)."""
         if self.board is None or not isinstance(note.where, SegmentRef):
             return False
-        self.board.seal(note.where.serial, note.digests)
-        return self.board.sealed(note.where.serial) is not None
+        return self.board.seal(note.where.serial, note.digests)
 
     def take(self, note: Announcement) -> HostVersion | None:
         """The version, checked; None when its segment has since been given to a newer version. Its buckets are
