@@ -3,14 +3,14 @@
 One local one-node Ray cluster (``hwplace.testing.local_ray_cluster``). Each system gets a trivial method that
 returns at once; the driver calls it on both ranks and waits for both, ``--calls`` times per round, and the table
 shows the median of each round:
-- ``hwplace``: ``group.ping().wait()`` on a group of two workers (each hosted by an async Ray actor that runs plain
-  methods on a thread of its own);
+- ``hwplace``: ``group.ping().wait()`` on a group of two workers (each hosted by a threaded Ray actor with
+  concurrency groups: plain methods on the default group's one thread, ``async def`` ones on a loop of its own);
 - ``ray sync actor``: ``ray.get([a.ping.remote() for a in actors])``, plain actors;
 - ``ray async actor``: the same, the method ``async def``;
 - ``ray async + thread``: an async actor whose method runs the work on a thread (``run_in_executor``), as
   hwplace's host does;
-- ``ray threaded + group``: a plain actor with a concurrency group for a second, never-ending method (what a host
-  without an event loop would need to watch its process).
+- ``ray threaded + group``: a plain actor with a concurrency group for a second, never-ending method (what
+  hwplace's host needs to watch its process), the floor of hwplace's host.
 
 Run: python benchmarks/call_latency.py [--calls 400] [--rounds 3]
 """

@@ -24,9 +24,10 @@ class Worker:
     ``log_error``) log with the group, rank and node in front, and ``self.create_channel(...)`` and
     ``self.connect_channel(...)`` open channels. Methods may be ``async def``: they then run
     concurrently on the worker's event loop, while plain methods run one at a time, in call order, on one
-    thread (the one the constructor ran on). A worker that carries state across a job's steps (a data cursor, an
-    optimizer) may define ``state_dict()`` and ``load_state_dict(state)``: ``job.snapshot`` records the first on
-    every rank, and a resumed job's ``job.launch`` calls the second (docs/resilience.md).
+    thread (the one the constructor ran on, with no event loop running). A worker that carries state across a
+    job's steps (a data cursor, an optimizer) may define ``state_dict()`` and ``load_state_dict(state)``:
+    ``job.snapshot`` records the first on every rank, and a resumed job's ``job.launch`` calls the second
+    (docs/resilience.md).
     """
 
     _hwplace_context: WorkerContext | None = None

@@ -85,7 +85,8 @@ class RayExecutor(hwplace.Executor, ChannelHosting, Rendezvous, Leases, TurnArbi
             made = {
                 "inspect_node": lambda: ray.remote(num_cpus=0, max_retries=0)(probe.inspect_node),
                 "free_port": lambda: ray.remote(num_cpus=0, max_retries=0)(probe.free_port),
-                "host": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(host.WorkerHost),
+                "host": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0,
+                                           concurrency_groups=host.concurrency_groups())(host.WorkerHost),
                 "channel": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(channel.ChannelHost),
                 "turns": lambda: ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(turns.TurnHost),
             }

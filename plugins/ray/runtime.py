@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import inspect
+import os
 import queue
 import re
 import threading
@@ -36,7 +37,7 @@ from hwplace.executor import (
     unpicklable_arguments,
     wait_timeout,
 )
-from hwplace_plugins.ray.host import Returned
+from hwplace_plugins.ray.host import Cancelled, Returned
 
 
 def _unwrapped(value: Any) -> Any:
@@ -163,9 +164,12 @@ class RayGroupRuntime(GroupRuntime):
         with _pickled(self.name, ranks, f"{method}()", args, kwargs):
             if len(ranks) > 1 and _bulky((*args, *kwargs.values())):
                 sent = (ray.put(args), ray.put(kwargs))  # serialised once, not once per rank; Ray resolves them
-            refs = [self.actors[r].call.remote(method, *sent) for r in ranks]
-        interruptible = inspect.iscoroutinefunction(getattr(self.worker_class, method, None))
-        return RayHandle(self, tuple(ranks), refs, f"{method}()", interruptible)
+            if inspect.iscoroutinefunction(getattr(self.worker_class, method, None)):  # run on the host's loop
+                call = os.urandom(8).hex()  # what cancel() names it by
+                refs = [self.actors[r].call_async.remote(call, method, *sent) for r in ranks]
+            else:
+                call, refs = "", [self.actors[r].call.remote(method, *sent) for r in ranks]
+        return RayHandle(self, tuple(ranks), refs, f"{method}()", call)
 
     def shutdown(self) -> None:
         self.incarnations.close()
@@ -193,11 +197,11 @@ class RayGroupRuntime(GroupRuntime):
         node_rank = self.specs[rank].placement.node_rank
         if isinstance(outcome, RemoteFailure):
             return outcome.error(what, group=self.name, rank=rank, node_rank=node_rank)
+        if isinstance(outcome, Cancelled):
+            return CallCancelled(f"group {self.name!r} rank {rank} on node {node_rank}: {what} was cancelled")
         if not isinstance(outcome, Raised):
             return None  # a value the method returned, whatever it is
         outcome = outcome.error
-        if isinstance(outcome, ray.exceptions.TaskCancelledError):
-            return CallCancelled(f"group {self.name!r} rank {rank} on node {node_rank}: {what} was cancelled")
         if isinstance(outcome, ray.exceptions.RayActorError):
             node = self.specs[rank].node
             restarted = self.incarnations.died(rank, incarnation, self._death(rank, outcome))
@@ -264,9 +268,9 @@ class RayHandle(Handle):
     """Results of one call on some ranks of a group, gathered as they arrive; the first failure is raised."""
 
     def __init__(self, runtime: RayGroupRuntime, ranks: tuple[int, ...], refs: list[Any], what: str,
-                 interruptible: bool = False) -> None:
+                 call: str = "") -> None:
         self._runtime = runtime
-        self._interruptible = interruptible
+        self._call = call  # an async method's call, named for WorkerHost.cancel; "" for a plain one
         self._ranks = ranks
         self._incarnations = [runtime.incarnations.current(r) for r in ranks]
         self._refs = refs
@@ -276,12 +280,22 @@ class RayHandle(Handle):
         self._cancelled = False  # once cancelled, every rank ends soon: wait reports them in rank order
 
     def _collect(self, refs: list[Any]) -> None:
-        for ref in refs:
-            try:
-                outcome = _unwrapped(ray.get(ref))
-            except ray.exceptions.RayError as exc:
-                outcome = Raised(exc)
-            self._outcomes[self._index[ref]] = outcome
+        try:  # one get for every rank that has ended; one at a time where one failed
+            self._outcomes.update((self._index[ref], _unwrapped(v)) for ref, v in zip(refs, ray.get(refs), strict=True))
+        except ray.exceptions.RayError:
+            for ref in refs:
+                self._take(ref, None)
+
+    def _take(self, ref: Any, timeout: float | None) -> bool:
+        """Wait for one rank's outcome (at most ``timeout`` seconds) and keep it; False when the time ran out."""
+        try:
+            outcome = _unwrapped(ray.get(ref, timeout=timeout))
+        except ray.exceptions.GetTimeoutError:
+            return False
+        except ray.exceptions.RayError as exc:
+            outcome = Raised(exc)
+        self._outcomes[self._index[ref]] = outcome
+        return True
 
     def _pending(self) -> list[Any]:
         return [ref for i, ref in enumerate(self._refs) if i not in self._outcomes]
@@ -303,15 +317,18 @@ class RayHandle(Handle):
             self._collect(ready)
         while pending:  # one rank's end at a time, so that a failure is raised without waiting for the others
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+            if len(pending) == 1:  # the last rank: one get waits for it and takes its outcome
+                ready, pending = (pending, []) if self._take(pending[0], remaining) else ([], pending)
+            else:
+                ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+                if ready and pending:  # and every other rank that has ended meanwhile, without waiting
+                    more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+                    ready += more
+                self._collect(ready)
             if not ready:
                 self._raise_failures()
                 raise TimeoutError(f"group {self._runtime.name!r}: {self._what} did not finish within "
                                    f"{timeout:g} s on ranks {self._waiting_ranks()}; it goes on running")
-            if pending:  # and every other rank that has ended meanwhile, without waiting
-                more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
-                ready += more
-            self._collect(ready)
             self._raise_failures()
         self._raise_failures()
         return [self._outcomes[i] for i in range(len(self._refs))]
@@ -355,9 +372,9 @@ class RayHandle(Handle):
         if not running:
             return False
         self._cancelled = True
-        if self._interruptible:  # an async method: Ray cancels its asyncio task
+        if self._call:  # an async method: its host cancels its asyncio task
             for ref in running:
-                ray.cancel(ref, recursive=False)
+                self._runtime.actors[self._ranks[self._index[ref]]].cancel.remote(self._call)
             return True
         if not force:
             return False
