@@ -347,3 +347,59 @@ def test_closing_a_board_twice_leaves_a_file_given_its_number_meanwhile_open() -
     made = Board.create(f"test-close-{os.getpid()}")
     assert made is not None
     closes_once(made.fd, made.close)
+
+
+linux_policies = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux's scheduling policies")
+
+
+@linux_policies
+def test_a_checking_or_sealed_waiting_target_runs_under_sched_batch_and_comes_back_as_it_was(
+        pool: SegmentPool, board: Board) -> None:
+    seen: list[int] = []
+
+    def looking() -> bool:
+        seen.append(os.sched_getscheduler(0))
+        return False  # one look, then the wait ends
+
+    refs: list[SegmentRef] = []
+
+    def stopping() -> Iterator[tuple[Any, None]]:
+        yield buckets(2)[0], None
+        raise RuntimeError("the source stopped mid-write")
+
+    with pytest.raises(RuntimeError, match="mid-write"):
+        pool.write(2, SIZES, stopping(), refs.append)
+    reader, checker = SegmentReader(), opened(refs[0])
+    try:
+        assert not check_while_written(checker, refs[0], reader.mapping(refs[0]), looking)  # hashed bucket 0, waited
+        assert wait_sealed(checker, refs[0], reader.mapping(refs[0]), looking) is None
+    finally:
+        checker.close()
+        reader.close()
+    assert seen == [os.SCHED_BATCH, os.SCHED_BATCH]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+@linux_policies
+def test_in_background_leaves_a_thread_under_another_policy_as_it_was(monkeypatch: Any) -> None:
+    outcome: list[int] = []
+
+    def batch_already() -> None:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        with node_check.in_background():
+            outcome.append(os.sched_getscheduler(0))
+        outcome.append(os.sched_getscheduler(0))  # not put back to the default: it was not the default
+
+    thread = threading.Thread(target=batch_already)
+    thread.start()
+    thread.join()
+    assert outcome == [os.SCHED_BATCH, os.SCHED_BATCH]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # another thread's policy is its own
+
+    def refused(*args: Any) -> None:
+        raise PermissionError("a seccomp profile refuses sched_setscheduler")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refused)
+    with node_check.in_background():  # goes on as it was
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER

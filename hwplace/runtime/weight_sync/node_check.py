@@ -16,8 +16,9 @@ first target to take it, for the node in the same way (:func:`check_for_node`).
 The board is a small file of the source's (a memfd on Linux); a target opens it through ``/proc/<pid>/fd`` and
 maps it shared. Its second half is the source's: once a version is written and noted, the source *seals* it there
 (the write's serial and its digests), and a target its Writing note reached takes it from there
-(:func:`wait_sealed`): no announcement follows on its link. Imports the foundation and the buckets and segments
-modules.
+(:func:`wait_sealed`): no announcement follows on its link. A target checking or waiting beside the source's
+write does so :func:`in_background` (``SCHED_BATCH``): its polls do not preempt the copy on a busy core. Imports
+the foundation and the buckets and segments modules.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import mmap
 import os
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from hwplace.runtime.weight_sync.buckets import Hasher
@@ -152,7 +153,8 @@ def check_while_written(board: Board, ref: SegmentRef, mapping: Any, going: Call
     if not board.claim():
         return False
     try:
-        digests = _hash_while_written(ref, mapping, going)
+        with in_background():
+            digests = _hash_while_written(ref, mapping, going)
         if digests is not None:
             board.post(ref.serial, digests)
         return digests is not None
@@ -209,14 +211,44 @@ def wait_posted(board: Board, serial: int) -> list[str] | None:
         time.sleep(POLL)
 
 
+@contextlib.contextmanager
+def in_background() -> Iterator[None]:
+    """Meanwhile the calling thread runs under Linux's ``SCHED_BATCH`` (where it ran under the default policy):
+    waking from a poll, it does not preempt what runs on a busy core (the source's copy beside a checking or waiting
+    target), yet keeps its share of the CPU as before (the same weight). Unprivileged; elsewhere nothing changes."""
+    batch = getattr(os, "SCHED_BATCH", None)
+    switched = batch is not None and _policy() == os.SCHED_OTHER and _set_policy(batch)
+    try:
+        yield
+    finally:
+        if switched:
+            _set_policy(os.SCHED_OTHER)
+
+
+def _policy() -> int | None:
+    try:
+        return os.sched_getscheduler(0)
+    except OSError:
+        return None
+
+
+def _set_policy(policy: int) -> bool:
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except OSError:  # a seccomp profile may refuse it: the thread goes on as it was
+        return False
+    return True
+
+
 def wait_sealed(board: Board, ref: SegmentRef, mapping: Any, going: Callable[[], bool]) -> list[str] | None:
     """The digests the source sealed write ``ref`` with (:meth:`Board.seal`), waiting while ``going()``; None when
     it stops first, or the segment's header (``mapping``) names another write. Looks every :data:`POLL` s once the
     header says the write is within :data:`NEAR` bytes of its end, less often before."""
     end = max((o + n for o, n in zip(ref.offsets, ref.lengths, strict=True)), default=0)
-    while True:
-        found = board.sealed(ref.serial)
-        serial, done = progress(mapping)
-        if found is not None or serial != ref.serial or not going():
-            return found
-        time.sleep(POLL if end - done <= NEAR else WHILE_WRITTEN)
+    with in_background():
+        while True:
+            found = board.sealed(ref.serial)
+            serial, done = progress(mapping)
+            if found is not None or serial != ref.serial or not going():
+                return found
+            time.sleep(POLL if end - done <= NEAR else WHILE_WRITTEN)
