@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import os
 import threading
 from collections.abc import Coroutine, Mapping
@@ -94,21 +93,16 @@ class WorkerHost:
         threading.Event().wait()
 
     def call(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-        """A plain method, on this thread (the default group's one); an ``async def`` one sent here all the same
-        runs on the loop, this thread waiting for it."""
+        """A plain method, on this thread (the default group's one); the driver sends ``async def`` ones to
+        :meth:`call_async`."""
         if self._worker is None:  # never reached through a group: launch fails when a constructor does
             return self._failure
-        if inspect.iscoroutinefunction(getattr(type(self._worker), method, None)):
-            return self._await("", method, args, kwargs)
         return _returned(run_method(self._worker, method, args, kwargs))
 
     @ray.method(concurrency_group="async")
     def call_async(self, call: str, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """An ``async def`` method on the host's loop, this thread waiting until it has ended; ``call`` names it
-        for :meth:`cancel` (``""``: no name)."""
-        return self._await(call, method, args, kwargs)
-
-    def _await(self, call: str, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        for :meth:`cancel`."""
         if self._worker is None:
             return self._failure
         return _returned(self._calls.run(call, run_method_async(self._worker, method, args, kwargs)))

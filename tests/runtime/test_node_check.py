@@ -88,7 +88,8 @@ def test_a_checker_hashes_each_chunk_once_the_header_says_it_is_written_and_post
     assert results == [True]
 
 
-def test_a_checker_gives_up_a_write_that_stopped_and_posts_nothing(pool: SegmentPool) -> None:
+def stopped_write(pool: SegmentPool) -> SegmentRef:
+    """Where version 2 lies after its source stopped once its first bucket was in."""
     refs: list[SegmentRef] = []
 
     def failing() -> Iterator[tuple[Any, None]]:
@@ -97,9 +98,14 @@ def test_a_checker_gives_up_a_write_that_stopped_and_posts_nothing(pool: Segment
 
     with pytest.raises(RuntimeError, match="mid-write"):
         pool.write(2, SIZES, failing(), refs.append)
-    board = opened(refs[0])
-    assert not check_while_written(board, refs[0], SegmentReader().mapping(refs[0]), lambda: False)
-    assert board.posted(refs[0].serial) is None
+    return refs[0]
+
+
+def test_a_checker_gives_up_a_write_that_stopped_and_posts_nothing(pool: SegmentPool) -> None:
+    ref = stopped_write(pool)
+    board = opened(ref)
+    assert not check_while_written(board, ref, SegmentReader().mapping(ref), lambda: False)
+    assert board.posted(ref.serial) is None
     board.close()
 
 
@@ -354,25 +360,18 @@ linux_policies = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linu
 
 @linux_policies
 def test_a_checking_or_sealed_waiting_target_runs_under_sched_batch_and_comes_back_as_it_was(
-        pool: SegmentPool, board: Board) -> None:
+        pool: SegmentPool) -> None:
     seen: list[int] = []
 
     def looking() -> bool:
         seen.append(os.sched_getscheduler(0))
         return False  # one look, then the wait ends
 
-    refs: list[SegmentRef] = []
-
-    def stopping() -> Iterator[tuple[Any, None]]:
-        yield buckets(2)[0], None
-        raise RuntimeError("the source stopped mid-write")
-
-    with pytest.raises(RuntimeError, match="mid-write"):
-        pool.write(2, SIZES, stopping(), refs.append)
-    reader, checker = SegmentReader(), opened(refs[0])
+    ref = stopped_write(pool)
+    reader, checker = SegmentReader(), opened(ref)
     try:
-        assert not check_while_written(checker, refs[0], reader.mapping(refs[0]), looking)  # hashed bucket 0, waited
-        assert wait_sealed(checker, refs[0], reader.mapping(refs[0]), looking) is None
+        assert not check_while_written(checker, ref, reader.mapping(ref), looking)  # hashed bucket 0, then waited
+        assert wait_sealed(checker, ref, reader.mapping(ref), looking) is None
     finally:
         checker.close()
         reader.close()
