@@ -21,7 +21,7 @@ from hwplace.runtime.weight_sync import node_check, transports
 from hwplace.runtime.weight_sync.announcements import Announcement, Writing
 from hwplace.runtime.weight_sync.buckets import check, digest, pack, sizes
 from hwplace.runtime.weight_sync.node_check import BOARD_BYTES, Board, check_while_written, wait_posted, wait_sealed
-from hwplace.runtime.weight_sync.segments import CHUNK, SegmentPool, SegmentReader, SegmentRef
+from hwplace.runtime.weight_sync.segments import CHUNK, WORD, WRITING, SegmentPool, SegmentReader, SegmentRef
 from hwplace.runtime.weight_sync.transports import SameNode
 
 np = pytest.importorskip("numpy")
@@ -402,3 +402,78 @@ def test_in_background_leaves_a_thread_under_another_policy_as_it_was(monkeypatc
     with node_check.in_background():  # goes on as it was
         assert os.sched_getscheduler(0) == os.SCHED_OTHER
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+def test_posted_digests_read_back_exactly_and_a_post_too_large_leaves_none_standing(board: Board) -> None:
+    board.post(3, [])
+    assert board.posted(3) == []  # a version of no buckets: no digests, not one empty digest
+    board.post(4, ["xxh128:a", "xxh128:b"])
+    assert board.posted(4) == ["xxh128:a", "xxh128:b"]
+    board.post(5, ["xxh128:" + "f" * 32] * (BOARD_BYTES // 2 // 40))  # more than half a board
+    assert [serial for serial in range(8) if board.posted(serial) is not None] == []  # nor the post before it
+
+
+def test_a_target_finding_the_board_claimed_leaves_the_write_to_the_checker(pool: SegmentPool) -> None:
+    ref, _ = pool.write(1, SIZES, [(b, None) for b in buckets(1)])
+    checker, other = opened(ref), opened(ref)
+    reader = SegmentReader()
+    try:
+        assert checker.claim()
+        assert not check_while_written(other, ref, reader.mapping(ref), lambda: True)
+        assert other.posted(ref.serial) is None
+        assert other.claimed()  # still the checker's
+    finally:
+        checker.close()
+        other.close()
+        reader.close()
+
+
+@pytest.mark.time_limit(120)
+def test_digests_posted_while_their_checker_still_holds_the_board_are_taken_at_once(
+        pool: SegmentPool, monkeypatch: Any) -> None:
+    monkeypatch.setattr(node_check, "WAIT_POSTED", 600.0)  # a wait for the let-go would outlast the time limit
+    ref, digests = pool.write(1, SIZES, [(b, None) for b in buckets(1)])
+    holder, waiter = opened(ref), opened(ref)
+    try:
+        assert holder.claim()
+        holder.post(ref.serial, digests)
+        assert wait_posted(waiter, ref.serial) == digests
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_a_write_begun_again_while_its_last_bytes_were_hashed_gives_no_digests(pool: SegmentPool) -> None:
+    ref, _ = pool.write(1, SIZES, [(b, None) for b in buckets(1)])
+    reader = SegmentReader()
+    whole = reader.mapping(ref)
+    assert whole is not None
+    end = max(o + n for o, n in zip(ref.offsets, ref.lengths, strict=True))
+
+    array: Any = np.ndarray
+
+    class Rewritten(array):  # type: ignore[misc]
+        """The segment as the checker sees it: the source begins another write in it as the last bytes are read."""
+
+        def __getitem__(self, key: Any) -> Any:
+            if isinstance(key, slice) and key.stop == end:
+                WORD.pack_into(self, WRITING, ref.serial + 1)
+            return super().__getitem__(key)
+
+    board = opened(ref)
+    try:
+        assert not check_while_written(board, ref, np.array(whole).view(Rewritten), lambda: True)
+        assert board.posted(ref.serial) is None
+    finally:
+        board.close()
+        reader.close()
+
+
+def test_a_board_s_descriptors_stay_out_of_programs_a_source_or_target_starts(pool: SegmentPool, board: Board) -> None:
+    ref, _ = pool.write(1, SIZES, [(b, None) for b in buckets(1)])
+    target = opened(ref)
+    try:  # a program inheriting one would hold a target's claim on past the target's death
+        assert not os.get_inheritable(board.fd)
+        assert not os.get_inheritable(target.fd)
+    finally:
+        target.close()
