@@ -104,6 +104,7 @@ def test_a_segment_that_is_gone_is_skipped_and_an_unreadable_one_is_an_error(poo
     ref = write(pool, 1)
     pool.close()
     assert SegmentReader().take(ref) is None
+    assert SegmentReader().mapping(ref) is None  # nor is a mapping of it kept to check on
     assert SegmentReader().take(replace(ref, path="/nonexistent-hwplace/segment")) is None
     with pytest.raises(hwplace.WeightSyncError, match=r"cannot open the source's shared-memory segment /etc/hostn"):
         SegmentReader().take(replace(ref, path="/etc/hostname/x"))
@@ -361,3 +362,35 @@ def test_a_reader_checks_on_one_kept_mapping_per_segment_and_lets_go_of_those_th
 def test_closing_a_segment_twice_leaves_a_file_given_its_number_meanwhile_open() -> None:
     segment = _Segment(4096, "test-close-twice")
     closes_once(segment.fd, lambda: segment.close(empty=True))
+
+
+def test_a_free_segment_too_small_is_emptied_as_it_is_let_go(pool: SegmentPool) -> None:
+    small = write(pool, 1, (100_000,))
+    kept = os.open(f"/proc/self/fd/{small.fd}", os.O_RDONLY)  # what a target's kept mapping of it holds on to
+    try:
+        big = write(pool, 2, (200_000,))  # larger: a new segment, the free too-small one let go
+        assert big.inode != small.inode
+        assert os.fstat(kept).st_size == 0  # what still maps it holds no memory
+    finally:
+        os.close(kept)
+
+
+def test_a_reader_holds_only_the_very_write_its_reference_names(pool: SegmentPool) -> None:
+    first = write(pool, 1)
+    again = write(pool, 1)  # the same version written again, into the one free segment: another write
+    assert (again.fd, again.inode, again.version) == (first.fd, first.inode, first.version)
+    assert again.serial != first.serial
+    reader = SegmentReader()
+    try:
+        assert reader.hold(first) is None  # its digests were those of another write
+        held = reader.hold(again)
+        assert held is not None
+        held.close()
+        stamp = os.open(f"/proc/self/fd/{again.fd}", os.O_RDWR)
+        try:
+            os.pwrite(stamp, bytes(8), 0)  # the stamp's magic: no longer hwplace's
+            assert reader.hold(again) is None
+        finally:
+            os.close(stamp)
+    finally:
+        reader.close()
