@@ -55,6 +55,7 @@ def opened(ref: SegmentRef) -> Board:
     return found
 
 
+@pytest.mark.time_limit(120)  # a checker the header never told of the bytes written would wait for ever
 def test_a_checker_hashes_each_chunk_once_the_header_says_it_is_written_and_posts_the_digests(
         pool: SegmentPool, monkeypatch: Any) -> None:
     monkeypatch.setattr(node_check, "WAIT_POSTED", 600.0)  # however loaded the machine: the waiter sees the post
