@@ -104,57 +104,76 @@ def _realise(
     backends = _Backends(cluster)
     node_ids = [node.node_id for node in cluster.nodes]
     made: dict[Any, tuple[Any, ...]] = {}  # key: the fields of a placement that its rank does not change
+    for key in dict.fromkeys(keys):  # in rank order of first use, so a failing backend fails at the same process
+        res, own = owned[key]
+        node_rank, hardware_type = res.node_rank, res.hardware_type
+        local = (own[0].index,) if len(own) == 1 else tuple(d.index for d in own)
+        view = views.get((node_rank, hardware_type, local))
+        if view is None:
+            view = views[(node_rank, hardware_type, local)] = _view(
+                cluster, backends, node_rank, hardware_type, kinds[hardware_type], own, local, isolate)
+        made[key] = (node_ids[node_rank], node_rank, view[0], per_node[node_rank], view[1], local, hardware_type,
+                     res.group, view[2])
     next_local = [0] * len(per_node)
     placements: list[Placement] = []
     append = placements.append
-    s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11 = _SLOTS  # Placement's fields, set as _new_placement does
     new = object.__new__
-    for rank, key in enumerate(keys):
-        fields = made.get(key)
-        if fields is None:  # made in rank order of first use, so a failing backend fails at the same process
-            res, own = owned[key]
-            node_rank, hardware_type = res.node_rank, res.hardware_type
-            local = (own[0].index,) if len(own) == 1 else tuple(d.index for d in own)
-            view = views.get((node_rank, hardware_type, local))
-            if view is None:
-                view = views[(node_rank, hardware_type, local)] = _view(
-                    cluster, backends, node_rank, hardware_type, kinds[hardware_type], own, local, isolate)
-            fields = made[key] = (node_ids[node_rank], node_rank, view[0], per_node[node_rank], view[1], local,
-                                   hardware_type, res.group, view[2])
-        node_id, node_rank, accelerator, local_world_size, visible, local, hardware_type, group, env = fields
+    for rank, (node_id, node_rank, accelerator, local_world_size, visible, local, hardware_type, group, env) in \
+            enumerate(map(made.__getitem__, keys)):
         local_rank = next_local[node_rank]
         next_local[node_rank] = local_rank + 1
-        placement = new(Placement)  # inlined: a call per process costs a tenth of the planning
-        s0(placement, rank)
-        s1(placement, node_id)
-        s2(placement, node_rank)
-        s3(placement, accelerator)
-        s4(placement, local_rank)
-        s5(placement, local_world_size)
-        s6(placement, visible)
-        s7(placement, isolate)
-        s8(placement, local)
-        s9(placement, hardware_type)
-        s10(placement, group)
-        s11(placement, env)
-        append(placement)
+        placement = new(_Unfrozen)  # written here, not by a call per process: that would cost a tenth of the planning
+        placement.rank = rank
+        placement.node_id = node_id
+        placement.node_rank = node_rank
+        placement.local_accelerator_id = accelerator
+        placement.local_rank = local_rank
+        placement.local_world_size = local_world_size
+        placement.visible_accelerators = visible
+        placement.isolate_accelerator = isolate
+        placement.local_hardware_ranks = local
+        placement.hardware_type = hardware_type
+        placement.node_group = group
+        placement.env = env
+        placement.__class__ = Placement  # type: ignore[assignment]
+        append(placement)  # type: ignore[arg-type]
     return placements
 
 
-_SLOTS = tuple(Placement.__dict__[f.name].__set__ for f in dataclasses.fields(Placement))
-if len(_SLOTS) != 12 or hasattr(Placement, "__post_init__"):  # pragma: no cover (a guard on the record's shape)
-    raise ImportError("hwplace.planning.placements sets Placement's 12 fields through their slots: update it with "
-                      "the record")
+class _Unfrozen:
+    """:class:`Placement`'s slots, unfrozen: a record is written here by plain attribute stores (a third of the
+    cost of the frozen dataclass's ``__init__``, which sets each field through ``object.__setattr__``) and then
+    becomes a ``Placement``, whose layout is the same. ``Placement`` has no ``__post_init__`` to skip."""
+
+    __slots__ = tuple(f.name for f in dataclasses.fields(Placement))
+    rank: int
+    node_id: str
+    node_rank: int
+    local_accelerator_id: int
+    local_rank: int
+    local_world_size: int
+    visible_accelerators: tuple[int, ...]
+    isolate_accelerator: bool
+    local_hardware_ranks: tuple[int, ...]
+    hardware_type: str
+    node_group: str
+    env: FrozenDict[str, str]
 
 
 def _new_placement(*fields: Any) -> Placement:
-    """A :class:`Placement` of ``fields`` in order, as ``Placement(*fields)`` makes it, at a third of the cost:
-    the frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``, this through the field's
-    slot (``_realise`` does the same, inlined). ``Placement`` has no ``__post_init__`` to skip."""
-    placement = object.__new__(Placement)
-    for setter, value in zip(_SLOTS, fields, strict=True):
-        setter(placement, value)
-    return placement
+    """A :class:`Placement` of ``fields`` in order, as ``Placement(*fields)`` makes it, made as ``_realise``
+    makes each (inlined there)."""
+    placement = object.__new__(_Unfrozen)
+    for name, value in zip(_Unfrozen.__slots__, fields, strict=True):
+        setattr(placement, name, value)
+    placement.__class__ = Placement  # type: ignore[assignment]
+    return placement  # type: ignore[return-value]
+
+
+if Placement.__slots__ != _Unfrozen.__slots__ or hasattr(Placement, "__post_init__") \
+        or _new_placement(*range(12)) != Placement(*range(12)):  # pragma: no cover (a guard on the record's shape)
+    raise ImportError("hwplace.planning.placements writes Placement's fields through an unfrozen twin of the "
+                      "record: update it with the record")
 
 
 class _Backends(dict[str, Any]):
@@ -182,17 +201,17 @@ def _view(
     if kind == "accelerator":
         shown = own if isolate else node.devices(hardware_type)
         visible = local if isolate else tuple(d.index for d in shown)
-        return local[0], visible, FrozenDict(_isolation_env(backends, hardware_type, shown))
+        return local[0], visible, _isolation_env(backends, hardware_type, shown)
     types = cluster.accelerator_types([node_rank])
     hidden = isolate and kind == "device"  # a device process owns no accelerator
     visible = () if hidden or not types else tuple(d.index for d in node.devices(types[0]))
     env = _isolation_env(backends, hardware_type, own)
     for other in types if hidden else ():
-        env.update(_isolation_env(backends, other, ()))
-    return -1, visible, FrozenDict(env)
+        env = FrozenDict({**env, **_isolation_env(backends, other, ())})
+    return -1, visible, env
 
 
-def _isolation_env(backends: _Backends, hardware_type: str, devices: Sequence[Device]) -> dict[str, str]:
+def _isolation_env(backends: _Backends, hardware_type: str, devices: Sequence[Device]) -> FrozenDict[str, str]:
     backend = backends[hardware_type]
     if backend is None:
         raise PlacementError(f"no hardware backend {hardware_type!r} is registered on this machine")
@@ -201,7 +220,7 @@ def _isolation_env(backends: _Backends, hardware_type: str, devices: Sequence[De
     except (Exception, SystemExit) as exc:  # a broken backend is reported, however it breaks
         raise PluginError(f"backend {hardware_type!r}: isolation_env(devices {[d.index for d in devices]}) raised "
                           f"{safe_repr(exc)}") from exc
-    if not isinstance(env, Mapping):
+    if not isinstance(env, dict) and not isinstance(env, Mapping):  # a dict, the common case, without the ABC
         raise _bad_env(hardware_type, devices, f"returned {safe_repr(env)}, not a dict of strings")
     for name, value in env.items():
         if not isinstance(name, str) or not isinstance(value, str):
@@ -209,7 +228,7 @@ def _isolation_env(backends: _Backends, hardware_type: str, devices: Sequence[De
         if not name or "=" in name or "\0" in name or "\0" in value:
             raise _bad_env(hardware_type, devices, f"returned variable {name!r}={value!r}, which no environment "
                            "can hold")
-    return dict(env)
+    return FrozenDict(env)
 
 
 def _bad_env(hardware_type: str, devices: Sequence[Device], problem: str) -> PluginError:

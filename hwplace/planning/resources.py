@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hwplace.config.records import RESERVED_GROUPS, NodeGroup
 from hwplace.contracts.hardware import Device
@@ -12,11 +13,11 @@ from hwplace.foundation.wording import plural
 from hwplace.inventory.cluster import Cluster
 
 
-@dataclass(frozen=True)
-class Resource:
+class Resource(NamedTuple):
     """One resource: a device (or a whole node) of ``hardware_type`` on node ``node_rank``.
 
-    ``device.index`` is its node-local index among the node's devices of that type.
+    ``device.index`` is its node-local index among the node's devices of that type. A named tuple, immutable: a
+    space holds one per device, so it is made thousands of times a plan, at half the cost of a frozen dataclass.
     """
 
     node_rank: int
