@@ -36,7 +36,7 @@ STEPS = [  # (module, attribute, label): what each worker records
     ("hwplace.runtime.weight_sync.segments", "_copy_hashed", "copy+hash bucket"),
     ("hwplace.runtime.weight_sync.transports", "forewarn", "Writing note"),
     ("hwplace.runtime.weight_sync.transports", "deliver", "announce"),
-    ("hwplace.runtime.weight_sync.links", "recv_pickle", "note received"),
+    ("hwplace.runtime.weight_sync.receiver", "recv_pickle", "note received"),
     ("hwplace.runtime.weight_sync.transports", "check_while_written", "check while written"),
     ("hwplace.runtime.weight_sync.transports", "wait_posted", "node's check posted"),
     ("hwplace.runtime.weight_sync.transports", "wait_sealed", "seal seen"),

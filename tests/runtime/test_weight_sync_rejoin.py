@@ -19,6 +19,7 @@ import pytest
 
 import hwplace
 from hwplace.runtime.weight_sync import links as links_module
+from hwplace.runtime.weight_sync import receiver as receiver_module
 from hwplace.runtime.weight_sync import segments as segments_module
 from hwplace.runtime.weight_sync import sync as sync_module
 
@@ -106,7 +107,7 @@ class Rollout(hwplace.Worker):
             return real_fill(pool, version, lengths, lambda views, done: write((step(view) for view in views), done),
                              started)
 
-        with mock.patch.object(links_module, "receiving", receiving), \
+        with mock.patch.object(receiver_module, "receiving", receiving), \
                 mock.patch.object(segments_module.SegmentPool, "fill", fill):
             if patched:
                 Path(patched).touch()

@@ -1,6 +1,6 @@
 """A target's side of one weight sync: the versions announced on its link, taken when it asks.
 
-The receiver (:class:`~hwplace.runtime.weight_sync.links.Receiver`) keeps the newest announcement; ``latest()`` and
+The receiver (:class:`~hwplace.runtime.weight_sync.receiver.Receiver`) keeps the newest announcement; ``latest()`` and
 ``load_into`` take it, by the transport its ``where`` names (:mod:`hwplace.runtime.weight_sync.transports`), in the
 caller's thread: nothing is copied behind the caller's back (on a shared GPU, never while the trainer holds its
 turn). A version whose buckets or segment hold a newer one by then is skipped for that one; a version that does not
@@ -27,7 +27,7 @@ from hwplace.runtime.weight_sync.announcements import Announcement, Writing
 from hwplace.runtime.weight_sync.buckets import Weights
 from hwplace.runtime.weight_sync.device_ring import RingDescriptor
 from hwplace.runtime.weight_sync.device_share import TornRead, entry_views
-from hwplace.runtime.weight_sync.links import Receiver
+from hwplace.runtime.weight_sync.receiver import Receiver
 from hwplace.runtime.weight_sync.transports import HostVersion, OtherNode, SameDevice, SameNode
 
 

@@ -4,9 +4,10 @@ Created on the driver once the groups run, it carries its plan (:mod:`hwplace.pl
 into worker methods. ``publish`` chooses each target's transport for the version
 (:func:`~hwplace.runtime.weight_sync.transports.choose`: ``same-device`` only when the tensors lie on a GPU the
 target holds), lays the version down once per transport (:class:`~hwplace.runtime.weight_sync.transports.Source`)
-and announces it on a link to each target (:mod:`hwplace.runtime.weight_sync.links`); a target takes it when it
-asks (:mod:`hwplace.runtime.weight_sync.intake`), checking every bucket's digest before the version becomes its
-latest. A target whose link broke is dropped, named in a warning and in ``dead_targets``; the others go on.
+and announces it on a link to each target (:mod:`hwplace.runtime.weight_sync.links`; the target's end:
+:mod:`hwplace.runtime.weight_sync.receiver`); a target takes it when it asks
+(:mod:`hwplace.runtime.weight_sync.intake`), checking every bucket's digest before the version becomes its latest.
+A target whose link broke is dropped, named in a warning and in ``dead_targets``; the others go on.
 With restarts (SPEC §12), a link is keyed by both ends' processes (their incarnations in the group entries): the
 source links again to a target its group restarted (a thread of the source watches the target groups' entries)
 and offers it the newest version where that still lies (:meth:`~hwplace.runtime.weight_sync.transports.Source.newest`);
@@ -38,7 +39,8 @@ from hwplace.runtime.messaging.communicator import check_member, find_entry
 from hwplace.runtime.weight_sync.buckets import Weights, check_state_dict, state_bytes
 from hwplace.runtime.weight_sync.device_share import layout_bytes
 from hwplace.runtime.weight_sync.intake import Intake
-from hwplace.runtime.weight_sync.links import WATCH, Link, Receiver, incarnation, link_key
+from hwplace.runtime.weight_sync.links import WATCH, Link, incarnation, link_key
+from hwplace.runtime.weight_sync.receiver import Receiver
 from hwplace.runtime.weight_sync.relay import Relay, relayed_dead
 from hwplace.runtime.weight_sync.transports import SameDevice, SameNode, Source, choose, source_device
 

@@ -2,7 +2,7 @@
 chooses which a target takes for a version (:func:`choose`).
 
 Each class owns both ends of its transport: how the source lays a version down for its targets (an
-:class:`~hwplace.runtime.weight_sync.links.Announcement` whose ``where`` it builds) and how a target takes it:
+:class:`~hwplace.runtime.weight_sync.announcements.Announcement` whose ``where`` it builds) and how a target takes it:
 
 - :class:`SameDevice` (``same-device``): the tensors lie on the GPU the target holds. The source writes the
   version into its ring of fixed-size device buckets (:mod:`hwplace.runtime.weight_sync.device_ring`, CUDA IPC;
