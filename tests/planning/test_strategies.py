@@ -10,6 +10,7 @@ import dataclasses
 import pickle
 import re
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -767,6 +768,28 @@ def test_an_isolation_env_mapping_is_copied_into_a_read_only_env() -> None:
     shared["REC"] = "changed"
     assert [p.env for p in out[0]] == [{"REC": "x"}, {"REC": "x"}]
     assert all(type(p.env) is FrozenDict for p in out[0])
+
+
+def test_an_isolation_env_may_be_any_mapping_of_strings() -> None:
+    out: list[list[hwplace.Placement]] = []
+    with_recording(lambda d: MappingProxyType({"REC": str(d[0].index)}),
+                   lambda c: out.append(hwplace.PackedPlacementStrategy(0, 1).get_placement(c)))
+    assert [p.env for p in out[0]] == [{"REC": "0"}, {"REC": "1"}]
+    assert all(type(p.env) is FrozenDict for p in out[0])
+
+
+def test_component_placement_asks_once_per_device_and_its_components_share_what_a_device_sees() -> None:
+    planned: list[hwplace.ComponentPlacement] = []
+    config = {"cluster": {"num_nodes": 2, "component_placement": {"actor": "all", "rollout": "0-7:0-15"}}}
+    backend = with_recording(None, lambda c: planned.append(hwplace.ComponentPlacement(config, c)))
+    assert len(backend.calls) == 8  # one per device, though 24 processes on two components use them
+    actor, rollout = planned[0].get_placements("actor"), planned[0].get_placements("rollout")
+    for p in actor:
+        same = [q for q in rollout if (q.node_rank, q.local_hardware_ranks) == (p.node_rank, p.local_hardware_ranks)]
+        assert len(same) == 2
+        assert all(q.env is p.env and q.visible_accelerators is p.visible_accelerators for q in same)
+    assert [p.local_rank for p in rollout] == [*range(8), *range(8)]
+    assert [p.local_world_size for p in rollout] == [8] * 16
 
 
 def test_a_device_process_hides_the_nodes_accelerators() -> None:
