@@ -11,7 +11,16 @@ from typing import Any
 import pytest
 
 from hwplace.foundation.errors import ConfigError
-from hwplace.planning.profile import DEFAULT_BANDWIDTH, NotMeasured, load_profile, parse_profile
+from hwplace.planning.profile import (
+    DEFAULT_BANDWIDTH,
+    ComponentProfile,
+    NotMeasured,
+    Point,
+    Profile,
+    load_profile,
+    merge_profiles,
+    parse_profile,
+)
 
 
 def profile_data(**extra: Any) -> dict[str, Any]:
@@ -129,3 +138,94 @@ def test_profiles_of_several_runs_merge_and_a_point_measured_twice_is_refused(tm
         load_profile(tmp_path / "bad.json")
     with pytest.raises(ConfigError, match="cannot read"):
         load_profile(tmp_path / "absent.json")
+
+
+def two_counts(**trainer: Any) -> dict[str, Any]:
+    """A data-parallel trainer measured on 2 and 8 processes (every figure given) and a rollout whose figures
+    between its two counts are all zero."""
+    return {"version": 1, "components": {
+        "trainer": {"scaling": "data-parallel", "points": [
+            {"processes": 2, "stages": {"train": {"seconds": 8.0}, "wait": {"seconds": 0}},
+             "offload": {"seconds": 1.0}, "onload": {"seconds": 2.0}, "between": {"seconds": 0.4},
+             "spread": {"seconds": 0.8}, "memory": {"train": 100, "offloaded": 10}},
+            {"processes": 8, "stages": {"train": {"seconds": 2.0}, "wait": {"seconds": 0}},
+             "offload": {"seconds": 0.4}, "onload": {"seconds": 0.5}, "between": {"seconds": 0.1},
+             "spread": {"seconds": 0.2}, "memory": {"train": 60, "idle": 5}}], **trainer},
+        "rollout": {"scaling": "data-parallel", "points": [
+            {"processes": 1, "stages": {"generate": {"seconds": 0}}},
+            {"processes": 3, "stages": {"generate": {"seconds": 0}}}]}}}
+
+
+def test_between_two_counts_every_figure_is_linear_in_one_over_processes() -> None:
+    profile = parse_profile(two_counts())
+    four = profile.component("trainer").at(4)
+    # each figure a + b/p through both points: the share of the way from 2 to 8 is (1/4 - 1/2) / (1/8 - 1/2) = 2/3
+    assert dict(four.stages) == pytest.approx({"train": 4.0, "wait": 0.0})
+    assert [four.offload, four.onload, four.between, four.spread] == pytest.approx([0.6, 1.0, 0.2, 0.4])
+    assert (four.processes, four.devices_per_process, four.measured) == (4, 1, False)
+    assert four.memory == {"train": 100}  # the larger of the phases both measured, no other
+    two = profile.component("rollout").at(2)
+    assert (dict(two.stages), two.between, two.spread) == ({"generate": 0.0}, 0.0, 0.0)
+
+
+def test_between_counts_whose_stages_differ_nothing_is_predicted() -> None:
+    data = two_counts()
+    data["components"]["trainer"]["points"][1]["stages"]["publish"] = {"seconds": 0.5}
+    words = r"^trainer has stages \['train', 'wait'\] at 2 processes but \['publish', 'train', 'wait'\] at 8: "
+    with pytest.raises(NotMeasured, match=words + "no prediction between them$") as caught:
+        parse_profile(data).component("trainer").at(4)
+    assert (caught.value.component, caught.value.processes) == ("trainer", 4)
+
+
+def test_merging_keeps_every_point_and_the_second_profile_s_figures() -> None:
+    first = parse_profile(profile_data())
+    second = parse_profile({"version": 1, "components": {
+        "trainer": {"scaling": "data-parallel", "points": [{"processes": 2, "stages": {"train": {"seconds": 4.5}}}]},
+        "env": {"points": [{"processes": 1, "stages": {"step": {"seconds": 1}}}]},
+        "reward": {"points": [{"processes": 1, "stages": {"score": {"seconds": 1}}}]}},
+        "weight_sync": {"policy": {"bytes": "2GB"}, "value": {"bytes": "1MB"}}, "bandwidth": {"same-node": "1GB"}})
+    merged = merge_profiles(first, second, "b.json")
+    trainer = merged.component("trainer")
+    assert (trainer.component, trainer.scaling, trainer.measured(1)) == ("trainer", "data-parallel", [1, 2, 4])
+    assert merged.component("env") == second.component("env")
+    assert merged.component("reward") == second.component("reward")  # every component only the second has
+    assert merged.component("rollout") == first.component("rollout")
+    assert dict(merged.weight_sync) == {"policy": 2 * 10**9, "value": 10**6}
+    assert merged.bandwidth == {**DEFAULT_BANDWIDTH, "same-node": 10**9}
+    unscaled = profile_data()
+    del unscaled["components"]["trainer"]["scaling"]
+    assert merge_profiles(parse_profile(unscaled), second).component("trainer").scaling == "data-parallel"
+    assert merge_profiles(second, parse_profile(unscaled)).component("trainer").scaling == "data-parallel"
+
+
+def test_merging_a_point_measured_twice_or_another_scaling_is_refused_by_key_path() -> None:
+    first = parse_profile(profile_data())
+    with pytest.raises(ConfigError, match="again") as caught:
+        merge_profiles(first, first, "c.json")
+    assert caught.value.path == "c.json: components.trainer.points"
+    assert caught.value.allowed == "one measurement per point"
+    assert caught.value.problem == "measures 1 process again; another profile given measures it too"
+    other = ComponentProfile("trainer", (Point(2, stages={"train": 4.0}),), "linear")  # a scaling of another hwplace
+    with pytest.raises(ConfigError, match="differs") as caught:
+        merge_profiles(first, Profile({"trainer": other}), "d.json")
+    assert (caught.value.path, caught.value.problem) == ("d.json: components.trainer.scaling",
+                                                         "differs from another profile's")
+    assert (caught.value.value, caught.value.allowed) == ("linear", "'data-parallel'")
+
+
+def test_load_profile_refuses_no_file_and_names_each_file_it_cannot_read(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="names no file") as caught:
+        load_profile()
+    assert (caught.value.path, caught.value.problem) == ("--profile", "names no file")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match="is not JSON") as caught:
+        load_profile(tmp_path / "bad.json")
+    assert caught.value.path == "--profile"
+    assert caught.value.problem.startswith(f"{str(tmp_path / 'bad.json')!r} is not JSON: ")
+    with pytest.raises(ConfigError, match="cannot read") as caught:
+        load_profile(tmp_path / "absent.json")
+    assert caught.value.problem == f"cannot read {str(tmp_path / 'absent.json')!r}: No such file or directory"
+    (tmp_path / "v2.json").write_text(json.dumps({"version": 2}))
+    with pytest.raises(ConfigError, match="version") as caught:
+        load_profile(tmp_path / "v2.json")
+    assert caught.value.path == f"{tmp_path / 'v2.json'}: version"  # a mistake in a file names the file
