@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from hwplace.config.job_config import parse_job_config
+from hwplace.foundation.errors import ConfigError
 from hwplace.inventory.offline import fake_cluster
 from hwplace.planning.component import ComponentPlacement
 from hwplace.planning.cost import expected_longest, predict
@@ -135,3 +136,26 @@ def test_components_the_profile_lacks_are_listed_not_predicted() -> None:
     prediction = predict(plan({"trainer": "0-1", "rollout": "2-3", "reward": "3"}), profile())
     assert prediction.unprofiled == ("reward",)
     assert [c.components for c in prediction.cells] == [("trainer",), ("rollout",)]
+
+
+def test_a_component_whose_processes_hold_different_numbers_of_accelerators_is_not_predicted() -> None:
+    with pytest.raises(NotMeasured, match=r"^trainer's processes hold different numbers of accelerators \(\[1, 2\]\): "
+                                          r"the cost model predicts components whose processes are alike$") as caught:
+        predict(plan({"trainer": "0-1:0,2:1", "rollout": "3"}), profile())
+    assert caught.value.component == "trainer"
+
+
+def test_a_process_without_accelerators_counts_as_one_device_per_process() -> None:
+    on_nodes = {"trainer": "0-1", "rollout": {"node_group": "node", "placement": "0:0-1"}}
+    prediction = predict(plan(on_nodes), profile())
+    assert (prediction.points["rollout"].processes, prediction.points["rollout"].devices_per_process) == (2, 1)
+
+
+def test_a_weight_sync_whose_source_rank_the_source_lacks_is_refused_by_key() -> None:
+    sync = {"policy": {"source": "trainer", "targets": ["rollout"], "source_rank": 1}}
+    assert predict(plan({"trainer": "0-1", "rollout": "2-3"}, weight_sync=sync), profile()).syncs[0].name == "policy"
+    sync["policy"]["source_rank"] = 2
+    with pytest.raises(ConfigError, match="has ranks") as caught:
+        predict(plan({"trainer": "0-1", "rollout": "2-3"}, weight_sync=sync), profile())
+    assert (caught.value.path, caught.value.problem, caught.value.value) == (
+        "weight_sync.policy.source_rank", "component 'trainer' has ranks 0-1", 2)
