@@ -221,3 +221,34 @@ def test_every_layout_is_searched_once(count: int, bell: int) -> None:
     result = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=count), flat)
     assert len({c.layout for c in result.candidates}) == len(result.candidates) == bell
     assert result.best.label == " | ".join(names)  # apart, each on its own accelerator: 1 s
+
+
+@pytest.mark.parametrize("feedback", [False, True], ids=["to it", "to it and from it"])
+@pytest.mark.parametrize("env_node", [0, 1])
+def test_a_weight_sync_with_a_component_that_keeps_its_placement_costs_as_placed(env_node: int, feedback: bool) -> None:
+    """A sync's target or source keeps its placement (on the node group), so the search takes the sync's transport
+    from where that placement lies: the same as the prediction of the plan it pastes, node by node."""
+    job = parse_job_config({"cluster": {"num_nodes": 2, "component_placement": {
+        "trainer": "0", "rollout": "1", "env": {"node_group": "node", "placement": f"{env_node}:0-1"}}},
+        "weight_sync": {"policy": {"source": "trainer", "targets": ["rollout"]},
+                        "obs": {"source": "trainer", "targets": ["env"]},
+                        **({"feedback": {"source": "env", "targets": ["rollout"]}} if feedback else {})}})
+    cluster = fake_cluster(job.cluster, accelerators_per_node=[2, 2])
+    profile = parse_profile({"version": 1, "components": {
+        "trainer": TRAINER, "rollout": ROLLOUT,
+        "env": {"points": [{"processes": 2, "stages": {"step": {"seconds": 0.5}}}]}},
+        "weight_sync": {"policy": {"bytes": "4GB"}, "obs": {"bytes": "8GB"}, "feedback": {"bytes": "1GB"}},
+        "bandwidth": {"same-device": "400GB", "same-node": "20GB", "other-node": "5GB"}})
+    result = search_placements(job, cluster, profile)
+    raw = job.to_dict()
+    raw["cluster"]["component_placement"] = yaml.safe_load(result.component_placement())["component_placement"]
+    plan = ComponentPlacement(parse_job_config(raw), cluster)
+    prediction = predict(plan, profile)
+    assert prediction.step_seconds == pytest.approx(result.best.step_seconds, rel=1e-12)
+    searched = {s.name: s.transport for s in result.best.syncs}
+    assert searched == {s.name: s.transport for s in prediction.syncs}
+    trainer = plan.get_placements("trainer")[0].node_rank
+    rollout = {p.node_rank for p in plan.get_placements("rollout")}
+    assert searched["obs"] == ("same-node" if trainer == env_node else "other-node")
+    assert searched.get("feedback", "") == ("" if not feedback else "same-node" if rollout == {env_node} else
+                                            "other-node")
