@@ -83,6 +83,10 @@ def test_cells_whose_times_vary_take_the_expected_longest_of_them() -> None:
     assert expected_longest([(3.0, 0.0), (2.0, 0.0), (1.0, 0.0)]) == 3.0  # nothing varies: the longest
     # two alike, each varying by s: the longer of the two is s / sqrt(pi) longer on average
     assert expected_longest([(2.0, 0.3), (2.0, 0.3)]) == pytest.approx(2.0 + 0.3 / math.sqrt(math.pi))
+    # max(X, 0) of X ~ N(1, 1): Phi(1) + phi(1), the exact mean (means apart, so the normal CDF is taken off 0)
+    assert expected_longest([(1.0, 1.0), (0.0, 0.0)]) == pytest.approx(0.5 * (1 + math.erf(1 / math.sqrt(2)))
+                                                                    + math.exp(-0.5) / math.sqrt(2 * math.pi))
+    assert expected_longest([(1.0, 1.0), (0.0, 0.0)]) == pytest.approx(1.0833154705876864)
     # one far longer than the other: the other does not count
     assert expected_longest([(10.0, 0.1), (1.0, 0.1)]) == pytest.approx(10.0)
     # one varying by 0.5 against one that does not: E[max(X, 2)] for X ~ N(2, 0.5) = 2 + 0.5 * phi(0)

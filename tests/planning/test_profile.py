@@ -4,6 +4,7 @@ outside what was measured (NotMeasured naming the component and the process coun
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -229,3 +230,46 @@ def test_load_profile_refuses_no_file_and_names_each_file_it_cannot_read(tmp_pat
     with pytest.raises(ConfigError, match="version") as caught:
         load_profile(tmp_path / "v2.json")
     assert caught.value.path == f"{tmp_path / 'v2.json'}: version"  # a mistake in a file names the file
+
+
+def test_what_was_measured_is_named_count_by_count() -> None:
+    data = profile_data()
+    data["components"]["rollout"]["points"] += [
+        {"processes": 1, "stages": {"generate": {"seconds": 6}}},
+        {"processes": 4, "stages": {"generate": {"seconds": 2}}},
+        {"processes": 8, "stages": {"generate": {"seconds": 1}}},
+        {"processes": 8, "devices_per_process": 4, "stages": {"generate": {"seconds": 1}}}]
+    rollout = parse_profile(data).component("rollout")
+    assert rollout.measured_text() == ("1, 4 and 8 processes; 2 processes of 2 accelerators; "
+                                       "8 processes of 4 accelerators")
+    assert rollout.measured_text(2) == "2 processes of 2 accelerators"
+    assert rollout.measured_text(4) == "8 processes of 4 accelerators"
+    assert parse_profile(profile_data()).component("trainer").measured_text() == "1 and 4 processes"
+    one = {"version": 1, "components": {"env": {"points": [{"processes": 1, "stages": {"step": {"seconds": 1}}}]}}}
+    assert parse_profile(one).component("env").measured_text() == "1 process"
+
+
+def test_not_measured_keeps_the_point_it_names_across_processes() -> None:
+    data = profile_data()
+    del data["components"]["trainer"]["scaling"]
+    with pytest.raises(NotMeasured, match="add scaling") as caught:
+        parse_profile(data).component("trainer").at(2)
+    assert str(caught.value) == ("trainer was measured on 1 and 4 processes (add scaling: data-parallel to predict "
+                                 "between them), not on 2 processes; profile a run with 2 processes")
+    with pytest.raises(NotMeasured, match="rollout") as caught:
+        parse_profile(data).component("rollout").at(3, 2)
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert (type(again), str(again)) == (NotMeasured, str(caught.value))
+    assert (again.component, again.processes, again.devices_per_process) == ("rollout", 3, 2)
+    assert "measured on 2 processes of 2 accelerators, not on 3 processes of 2 accelerators" in str(again)
+    for processes in (1, 4):  # a measured count is taken as it is, with or without scaling
+        assert parse_profile(data).component("trainer").at(processes).measured
+
+
+def test_a_count_at_either_end_is_not_between_the_measured_ones() -> None:
+    data = profile_data()
+    del data["components"]["trainer"]["scaling"]
+    data["components"]["trainer"]["points"] = data["components"]["trainer"]["points"][1:]  # 1 process only
+    with pytest.raises(NotMeasured, match=r"^trainer was measured on 1 process, not on 2 processes;") as caught:
+        parse_profile(data).component("trainer").at(2)
+    assert "add scaling" not in str(caught.value)
