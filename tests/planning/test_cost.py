@@ -163,3 +163,19 @@ def test_a_weight_sync_whose_source_rank_the_source_lacks_is_refused_by_key() ->
         predict(plan({"trainer": "0-1", "rollout": "2-3"}, weight_sync=sync), profile())
     assert (caught.value.path, caught.value.problem, caught.value.value) == (
         "weight_sync.policy.source_rank", "component 'trainer' has ranks 0-1", 2)
+
+
+def test_an_unprofiled_component_s_declared_memory_still_counts() -> None:
+    layout = {"trainer": "0-1", "rollout": "2-3", "reward": "0"}  # reward shares accelerator 0 with the trainer
+    assert predict(plan(layout, resources={"reward": {"memory": {"score": "20GiB"}}}), profile()).fits
+    prediction = predict(plan(layout, resources={"reward": {"memory": {"score": "40GiB"}}}), profile())
+    assert prediction.unprofiled == ("reward",)
+    assert not prediction.fits  # the trainer's measured 50 GiB and reward's declared 40 GiB on 80 GiB
+    assert prediction.peak == 90 * GIB
+
+
+def test_the_expected_longest_of_three_cells_is_near_the_exact_one() -> None:
+    # three independent N(0, 1): the exact mean of the longest is 3 / (2 sqrt(pi)); folding by Clark's moments
+    # approximates it within a few tenths of a percent
+    assert expected_longest([(0.0, 1.0)] * 3) == pytest.approx(3 / (2 * math.sqrt(math.pi)), rel=5e-3)
+    assert expected_longest([(5.0, 1.0)] * 3) == pytest.approx(5 + 3 / (2 * math.sqrt(math.pi)), rel=5e-3)
