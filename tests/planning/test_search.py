@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from hwplace.config.job_config import parse_job_config
-from hwplace.foundation.errors import PlacementError
+from hwplace.foundation.errors import ConfigError, PlacementError
 from hwplace.foundation.settings import FAKE_ACCELERATOR
 from hwplace.inventory.cluster import Cluster
 from hwplace.inventory.offline import fake_cluster
@@ -54,10 +54,11 @@ def make_profile(**components: dict[str, Any]) -> Profile:
                           "bandwidth": {"same-device": "400GB", "same-node": "20GB", "other-node": "5GB"}})
 
 
-def job_of(names: Sequence[str], placement: dict[str, str] | None = None, num_nodes: int = 1) -> Any:
+def job_of(names: Sequence[str], placement: dict[str, str] | None = None, num_nodes: int = 1,
+           source_rank: int = 0) -> Any:
     placement = placement or {name: str(i) for i, name in enumerate(names)}
-    return parse_job_config({"cluster": {"num_nodes": num_nodes, "component_placement": placement},
-                             "weight_sync": {"policy": {"source": "trainer", "targets": ["rollout"]}}})
+    return parse_job_config({"cluster": {"num_nodes": num_nodes, "component_placement": placement}, "weight_sync": {
+        "policy": {"source": "trainer", "targets": ["rollout"], "source_rank": source_rank}}})
 
 
 def layouts(names: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
@@ -84,7 +85,7 @@ def cluster_of(names: Sequence[str], counts: list[int], gib: Sequence[int] = ())
 
 
 def brute_force(names: Sequence[str], counts: list[int], profile: Profile,
-                gib: Sequence[int] = ()) -> dict[tuple[str, ...], float]:
+                gib: Sequence[int] = (), source_rank: int = 0) -> dict[tuple[str, ...], float]:
     """Each layout's least predicted step over every order and size of its cells, packed from accelerator 0,
     each plan built as a real placement and predicted from it; a layout without a plan is absent."""
     total = sum(counts)
@@ -108,9 +109,13 @@ def brute_force(names: Sequence[str], counts: list[int], profile: Profile,
                 if len(placement) < len(names):
                     continue
                 try:
-                    plan = ComponentPlacement(job_of(names, placement, len(counts)), cluster)
+                    plan = ComponentPlacement(job_of(names, placement, len(counts), source_rank), cluster)
                     prediction = predict(plan, profile)
                 except (NotMeasured, PlacementError):
+                    continue
+                except ConfigError as exc:  # a plan with fewer trainer processes than the sync's source rank
+                    if exc.path != "weight_sync.policy.source_rank":
+                        raise
                     continue
                 if prediction.fits and prediction.step_seconds < best.get(key, math.inf):
                     best[key] = prediction.step_seconds
@@ -124,11 +129,12 @@ def shapes(most: int) -> list[list[int]]:
     return even + uneven[::3] + [[4, 2, 1], [2, 3, 2], [5, 1, 6]]
 
 
-def check(names: Sequence[str], counts: list[int], profile: Profile, gib: Sequence[int] = ()) -> None:
-    expected = brute_force(names, counts, profile, gib)
+def check(names: Sequence[str], counts: list[int], profile: Profile, gib: Sequence[int] = (),
+          source_rank: int = 0) -> None:
+    expected = brute_force(names, counts, profile, gib, source_rank)
     cluster = cluster_of(names, counts, gib)
     try:
-        result = search_placements(job_of(names, num_nodes=len(counts)), cluster, profile)
+        result = search_placements(job_of(names, num_nodes=len(counts), source_rank=source_rank), cluster, profile)
     except PlacementError:  # NotMeasured too
         assert expected == {}, counts
         return
@@ -138,7 +144,7 @@ def check(names: Sequence[str], counts: list[int], profile: Profile, gib: Sequen
     for key, seconds in found.items():
         assert seconds == pytest.approx(expected[key], rel=1e-12), (counts, key)
     pasted = yaml.safe_load(result.component_placement())["component_placement"]
-    prediction = predict(ComponentPlacement(job_of(names, pasted, len(counts)), cluster), profile)
+    prediction = predict(ComponentPlacement(job_of(names, pasted, len(counts), source_rank), cluster), profile)
     assert prediction.step_seconds == pytest.approx(result.best.step_seconds, rel=1e-12)
     assert prediction.fits
 
@@ -221,6 +227,14 @@ def test_every_layout_is_searched_once(count: int, bell: int) -> None:
     result = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=count), flat)
     assert len({c.layout for c in result.candidates}) == len(result.candidates) == bell
     assert result.best.label == " | ".join(names)  # apart, each on its own accelerator: 1 s
+
+
+@pytest.mark.parametrize("counts", [[2], [3], [4], [2, 2], [3, 1], [6], [3, 3], [4, 4], [2, 2, 2]],
+                         ids=lambda c: "x".join(map(str, c)))
+def test_a_later_source_rank_equals_brute_force(counts: list[int]) -> None:
+    """The sync's source is the trainer's rank 1: plans with one trainer process have no such rank, and where
+    rank 1 lies decides the sync's transport."""
+    check(("trainer", "rollout"), counts, make_profile(trainer=TRAINER, rollout=ROLLOUT), source_rank=1)
 
 
 @pytest.mark.parametrize("feedback", [False, True], ids=["to it", "to it and from it"])
