@@ -208,6 +208,7 @@ def test_the_check_runs_on_offline_inventories_with_the_fake_backends_memory(mon
 
 def test_a_device_capacity_is_a_whole_non_negative_number_of_bytes() -> None:
     assert capacity_of({"memory_bytes": 5}) == 5
+    assert capacity_of({"memory_bytes": 0}) == 0  # a device that reports no memory holds nothing: known, not unknown
     for bad in ({}, {"memory_bytes": -1}, {"memory_bytes": 1.5}, {"memory_bytes": "80GiB"}, {"memory_bytes": True}):
         assert capacity_of(bad) is None
 
