@@ -4,6 +4,7 @@ outside what was measured (NotMeasured naming the component and the process coun
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import re
 from pathlib import Path
@@ -273,3 +274,36 @@ def test_a_count_at_either_end_is_not_between_the_measured_ones() -> None:
     with pytest.raises(NotMeasured, match=r"^trainer was measured on 1 process, not on 2 processes;") as caught:
         parse_profile(data).component("trainer").at(2)
     assert "add scaling" not in str(caught.value)
+
+
+POINT = "profile: components.trainer.points[0]"
+
+
+@pytest.mark.parametrize(("change", "path", "problem", "value", "allowed"), [
+    (lambda p: p.update(placement=[1]), f"{POINT}.placement", "is the placement string the point ran with", [1],
+     None),
+    (lambda p: p["stages"].update({"Bad name": {"seconds": 1}}), f"{POINT}.stages.Bad name", "is not a stage name",
+     "Bad name", None),
+    (lambda p: p.update(stages={}), f"{POINT}.stages", "is empty", None, "STAGE: {seconds: S} entries"),
+    (lambda p: p.update(devices_per_process=0), f"{POINT}.devices_per_process", "is a positive integer", 0, None),
+    (lambda p: p.update(processes=True), f"{POINT}.processes", "is a positive integer", True, None),
+    (lambda p: p.update(memory={"offloaded": "1GiB", "idle": "1GiB"}), f"{POINT}.memory", "declares no working phase",
+     None, "a phase other than offloaded and idle, such as train: 50GiB"),
+    (lambda p: p["stages"].update(train={"seconds": math.inf}), f"{POINT}.stages.train.seconds",
+     "is a non-negative number of seconds", math.inf, None),
+])
+def test_a_point_s_mistake_is_named_whole(change: Any, path: str, problem: str, value: Any,
+                                          allowed: str | None) -> None:
+    data = profile_data()
+    change(data["components"]["trainer"]["points"][0])
+    with pytest.raises(ConfigError, match=re.escape(problem)) as caught:
+        parse_profile(data)
+    assert (caught.value.path, caught.value.problem, caught.value.value, caught.value.allowed) == (
+        path, problem, value, allowed)
+
+
+def test_a_point_keeps_its_placement_as_a_string_or_none() -> None:
+    data = profile_data()
+    data["components"]["trainer"]["points"][0]["placement"] = 3
+    trainer = parse_profile(data).component("trainer")
+    assert (trainer.at(4).placement, trainer.at(1).placement) == ("3", None)
