@@ -118,6 +118,7 @@ def _realise(
     placements: list[Placement] = []
     append = placements.append
     new = object.__new__
+    placement: Any  # an _Unfrozen until its class becomes Placement
     for rank, (node_id, node_rank, accelerator, local_world_size, visible, local, hardware_type, group, env) in \
             enumerate(map(made.__getitem__, keys)):
         local_rank = next_local[node_rank]
@@ -135,8 +136,8 @@ def _realise(
         placement.hardware_type = hardware_type
         placement.node_group = group
         placement.env = env
-        placement.__class__ = Placement  # type: ignore[assignment]
-        append(placement)  # type: ignore[arg-type]
+        placement.__class__ = Placement
+        append(placement)
     return placements
 
 
@@ -146,28 +147,17 @@ class _Unfrozen:
     becomes a ``Placement``, whose layout is the same. ``Placement`` has no ``__post_init__`` to skip."""
 
     __slots__ = tuple(f.name for f in dataclasses.fields(Placement))
-    rank: int
-    node_id: str
-    node_rank: int
-    local_accelerator_id: int
-    local_rank: int
-    local_world_size: int
-    visible_accelerators: tuple[int, ...]
-    isolate_accelerator: bool
-    local_hardware_ranks: tuple[int, ...]
-    hardware_type: str
-    node_group: str
-    env: FrozenDict[str, str]
 
 
 def _new_placement(*fields: Any) -> Placement:
     """A :class:`Placement` of ``fields`` in order, as ``Placement(*fields)`` makes it, made as ``_realise``
     makes each (inlined there)."""
-    placement = object.__new__(_Unfrozen)
+    placement: Any = object.__new__(_Unfrozen)
     for name, value in zip(_Unfrozen.__slots__, fields, strict=True):
         setattr(placement, name, value)
-    placement.__class__ = Placement  # type: ignore[assignment]
-    return placement  # type: ignore[return-value]
+    placement.__class__ = Placement
+    made: Placement = placement
+    return made
 
 
 if Placement.__slots__ != _Unfrozen.__slots__ or hasattr(Placement, "__post_init__") \
