@@ -137,6 +137,7 @@ def main() -> None:
         for group in (trainer, rollout):
             group.prepare(args.megabytes).wait(timeout=120)
         totals, copies, reads, writes, tails, cpus = [], [], [], [], [], []
+        marks: dict[str, list[float]] = {}  # per round, when each milestone came (ms after the driver's start)
         for version in range(1, args.rounds + 2):  # the first round makes the segments and is not counted
             [(copy, read)] = trainer.floor().wait(timeout=120)
             used = [*trainer.cpu().wait(timeout=60), *rollout.cpu().wait(timeout=60)]
@@ -157,6 +158,13 @@ def main() -> None:
             if written and returned:
                 writes.append((max(e[2] for e in written) - min(e[1] for e in written)) / 1e6)
                 tails.append((max(returned) - max(e[2] for e in written)) / 1e6)
+                arrived = [e[1] for e in source if e[0] == "call arrives" and e[1] >= start]
+                for mark, at in (("source's call arrives", min(arrived, default=start)),
+                                 ("copy begins", min(e[1] for e in written)),
+                                 ("copy ends", max(e[2] for e in written)),
+                                 ("first latest() returns", min(returned)), ("last latest() returns", max(returned)),
+                                 ("driver has both", start + int(took * 1e6))):
+                    marks.setdefault(mark, []).append((at - start) / 1e6)
             totals.append(took)
             cpus.append(sum(used) * 1e3)
             copies.append(copy * 1e3)
@@ -172,6 +180,8 @@ def main() -> None:
         if writes:
             print(f"  the source's copy-and-hash of the version {statistics.median(writes):.2f} ms; from its end to "
                   f"the last target's latest() returning {statistics.median(tails):.2f} ms")
+            print("  medians of each milestone, ms after the driver's start: " +
+                  ", ".join(f"{mark} {statistics.median(at):.2f}" for mark, at in marks.items()))
 
 
 if __name__ == "__main__":
