@@ -78,10 +78,12 @@ def test_a_large_tensor_is_a_bucket_of_its_own_without_a_copy() -> None:
     assert out["empty"].numel() == 0
 
 
-def test_digests_are_xxh128_by_default_and_crc32_and_sha256_ones_are_still_checked() -> None:
+def test_digests_are_xxh3t_by_default_and_xxh128_crc32_and_sha256_ones_are_still_checked() -> None:
     bucket = np.arange(100, dtype=np.uint8)
-    assert digest(bucket).startswith("xxh128:")
-    assert len(digest(bucket)) == len("xxh128:") + 32
+    assert digest(bucket).startswith("xxh3t:")
+    assert len(digest(bucket)) == len("xxh3t:") + 32
+    assert digest(bucket, "xxh128").startswith("xxh128:")
+    check([bucket], [digest(bucket, "xxh128")], "v")
     assert digest(bucket, "crc32").startswith("crc32:")
     assert digest(bucket, "sha256").startswith("sha256:")
     check([bucket], [digest(bucket, "crc32")], "v")
@@ -89,10 +91,10 @@ def test_digests_are_xxh128_by_default_and_crc32_and_sha256_ones_are_still_check
     check([bucket], [digest(bucket, "sha256").removeprefix("sha256:")], "v")  # a bare hex digest is SHA-256
     flipped = bucket.copy()
     flipped[50] ^= 4
-    for algorithm in ("xxh128", "crc32", "sha256"):
+    for algorithm in ("xxh3t", "xxh128", "crc32", "sha256"):
         with pytest.raises(hwplace.WeightSyncError, match="bucket 0 of 1 does not match its digest"):
             check([flipped], [digest(bucket, algorithm)], "v")
-    with pytest.raises(hwplace.WeightSyncError, match="unknown digest algorithm 'md4'; xxh128, crc32, sha256"):
+    with pytest.raises(hwplace.WeightSyncError, match="unknown digest algorithm 'md4'; xxh3t, xxh128, crc32, sha256"):
         digest(bucket, "md4")
 
 
@@ -210,13 +212,17 @@ def test_a_mismatch_is_named_in_full_and_a_malformed_digest_is_a_mismatch() -> N
             check([bucket], [wrong], "v3")
 
 
-def test_without_xxhash_an_xxh128_digest_is_refused_and_the_others_still_work(
+def test_without_xxhash_xxh3t_and_xxh128_digests_are_refused_and_the_others_still_work(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(buckets_module, "HAVE_XXHASH", False)
     bucket = np.arange(10, dtype=np.uint8)
-    with pytest.raises(hwplace.WeightSyncError, match=re.escape(
-            "an xxh128 digest needs the xxhash package: pip install xxhash (the ray and torch extras bring it)")):
-        digest(bucket, "xxh128")
+    for algorithm in ("xxh3t", "xxh128"):
+        with pytest.raises(hwplace.WeightSyncError, match=re.escape(
+                f"an {algorithm} digest needs the xxhash package: pip install xxhash (the ray and torch extras bring "
+                "it)")):
+            digest(bucket, algorithm)
+        with pytest.raises(hwplace.WeightSyncError, match=f"an {algorithm} digest needs the xxhash package"):
+            Hasher(algorithm)
     assert digest(bucket, "crc32").startswith("crc32:")
 
 
@@ -272,7 +278,7 @@ def test_what_would_not_arrive_as_it_left_is_refused_by_key(value: Any, why: str
         buckets_module.check_state_dict({(1, 2): torch.ones(1)})
 
 
-@pytest.mark.parametrize("algorithm", ["xxh128", "crc32", "sha256"])
+@pytest.mark.parametrize("algorithm", ["xxh3t", "xxh128", "crc32", "sha256"])
 def test_a_digest_made_piece_by_piece_is_the_digest_of_the_whole(algorithm: str) -> None:
     data = np.random.default_rng(3).integers(0, 256, 5_000_003, dtype=np.uint8)
     hasher = Hasher(algorithm)

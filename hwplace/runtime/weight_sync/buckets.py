@@ -5,12 +5,13 @@ larger), so sending a large model never needs a second full copy of it in flight
 ``ALONE_BYTES`` gets a bucket of its own, which is the tensor's own memory: packing copies only small tensors.
 Each bucket carries a digest that the receiver checks before a version becomes visible: XXH3-128 (the
 ``xxhash`` package, which the ray and torch extras bring: 35 GB/s on this project's 2-core machine, against
-zlib's CRC-32 at 6 GB/s and SHA-256's 1.2 to 1.8 GB/s, which made hashing most of a 100 MB sync's time), or
-CRC-32 where ``xxhash`` is not installed. Either catches corrupted and partial transfers (all but one in
-2**128, resp. 2**32, of random corruptions); neither is a defence against tampering. A receiver checks whichever
-algorithm the digest names (``xxh128:``, ``crc32:``, ``sha256:``). :func:`layout` and :func:`digest` are pure;
-packing needs numpy (always there with torch or Ray). Imports the foundation and the communicator's
-``byte_view``.
+zlib's CRC-32 at 6 GB/s and SHA-256's 1.2 to 1.8 GB/s, which made hashing most of a 100 MB sync's time) of the
+XXH3-128 digests of the bucket's 1 MiB pieces (``xxh3t:``, :mod:`hwplace.runtime.weight_sync.pieces`: hashed on
+several threads where the node has the cores), or CRC-32 where ``xxhash`` is not installed. Either catches
+corrupted and partial transfers (all but one in 2**128, resp. 2**32, of random corruptions); neither is a
+defence against tampering. A receiver checks whichever algorithm the digest names (``xxh3t:``, ``xxh128:``,
+``crc32:``, ``sha256:``). :func:`layout` and :func:`digest` are pure; packing needs numpy (always there with
+torch or Ray). Imports the foundation, the communicator's ``byte_view`` and the pieces module.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 from hwplace.foundation.errors import WeightSyncError
 from hwplace.foundation.wording import safe_repr
 from hwplace.runtime.messaging.communicator import byte_view
+from hwplace.runtime.weight_sync.pieces import ALGORITHM as TREE
+from hwplace.runtime.weight_sync.pieces import TreeHasher, threads, tree_digest
 
 try:  # optional: xxhash, which the ray and torch extras bring
     import xxhash
@@ -33,8 +36,8 @@ try:  # optional: xxhash, which the ray and torch extras bring
 except ImportError:  # pragma: no cover - the suite installs the extras
     HAVE_XXHASH = False
 
-DIGESTS = ("xxh128", "crc32", "sha256")
-DEFAULT_DIGEST = "xxh128" if HAVE_XXHASH else "crc32"
+DIGESTS = (TREE, "xxh128", "crc32", "sha256")
+DEFAULT_DIGEST = TREE if HAVE_XXHASH else "crc32"
 
 ALONE_BYTES = 4 * 2**20  # a tensor at least this large travels in a bucket of its own, without packing
 INLINE_BYTES = 4 * 2**20  # a version up to this size is packed whole before it is sent: its digests go first
@@ -110,14 +113,17 @@ def sizes(entries: Sequence[Entry]) -> list[int]:
 
 
 def digest(buffer: Any, algorithm: str = DEFAULT_DIGEST) -> str:
-    """The digest of one bucket's bytes (anything with the buffer protocol), read in place: ``xxh128:<hex>``
-    (the default where ``xxhash`` is installed), ``crc32:<hex>`` or ``sha256:<hex>``."""
+    """The digest of one bucket's bytes (anything with the buffer protocol), read in place: ``xxh3t:<hex>``
+    (the default where ``xxhash`` is installed: its pieces hashed on :func:`~hwplace.runtime.weight_sync.pieces.threads`
+    threads), ``xxh128:<hex>``, ``crc32:<hex>`` or ``sha256:<hex>``."""
     view = memoryview(buffer).cast("B")
-    if algorithm == "xxh128" and HAVE_XXHASH:
-        return f"xxh128:{xxhash.xxh3_128_hexdigest(view)}"
+    if algorithm in (TREE, "xxh128") and not HAVE_XXHASH:
+        raise WeightSyncError(f"an {algorithm} digest needs the xxhash package: pip install xxhash (the ray and "
+                              "torch extras bring it)")
+    if algorithm == TREE:
+        return tree_digest(view, threads())
     if algorithm == "xxh128":
-        raise WeightSyncError("an xxh128 digest needs the xxhash package: pip install xxhash (the ray and torch "
-                              "extras bring it)")
+        return f"xxh128:{xxhash.xxh3_128_hexdigest(view)}"
     if algorithm == "crc32":
         return f"crc32:{zlib.crc32(view):08x}"
     if algorithm == "sha256":
@@ -132,8 +138,8 @@ class Hasher:
     def __init__(self, algorithm: str = DEFAULT_DIGEST) -> None:
         digest(b"", algorithm)  # refuses an unknown or unavailable algorithm, as digest() does
         self.algorithm = algorithm
-        self._state: Any = xxhash.xxh3_128() if algorithm == "xxh128" else \
-            hashlib.sha256() if algorithm == "sha256" else 0
+        self._state: Any = TreeHasher(threads()) if algorithm == TREE else xxhash.xxh3_128() \
+            if algorithm == "xxh128" else hashlib.sha256() if algorithm == "sha256" else 0
 
     def update(self, buffer: Any) -> None:
         view = memoryview(buffer).cast("B")
@@ -145,6 +151,8 @@ class Hasher:
     def hexdigest(self) -> str:
         if self.algorithm == "crc32":
             return f"crc32:{self._state:08x}"
+        if self.algorithm == TREE:
+            return str(self._state.hexdigest())
         return f"{self.algorithm}:{self._state.hexdigest()}"
 
 

@@ -38,7 +38,9 @@ from typing import Any
 
 from hwplace.foundation.errors import WeightSyncError
 from hwplace.foundation.peer_files import KeptMappings, open_peer, peer_path
-from hwplace.runtime.weight_sync.buckets import Hasher, aligned
+from hwplace.runtime.weight_sync.buckets import DEFAULT_DIGEST, Hasher, aligned
+from hwplace.runtime.weight_sync.pieces import ALGORITHM as TREE
+from hwplace.runtime.weight_sync.pieces import copy_hashed, threads
 
 HEADER = 64  # bytes before the first bucket: the stamp, then the write's progress
 ALIGN = 64  # each bucket starts at a multiple of this
@@ -208,7 +210,10 @@ class SegmentPool:
 def _copy_hashed(into: Any, source: Any, written: Callable[[int], None]) -> str:
     """Copy ``source`` into ``into`` chunk by chunk, hashing each chunk just after it is copied (while it is still
     in cache): one pass over memory for both; ``written(n)`` after each, with the bytes in so far. Returns the
-    digest."""
+    digest: an ``xxh3t`` one piece by piece on :func:`~hwplace.runtime.weight_sync.pieces.threads` threads (the
+    default digest), else a stream of ``CHUNK``-byte chunks."""
+    if DEFAULT_DIGEST == TREE:
+        return copy_hashed(into, source, written, threads())
     hasher = Hasher()
     for start in range(0, len(source), CHUNK):
         into[start : start + CHUNK] = source[start : start + CHUNK]
