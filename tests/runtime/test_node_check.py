@@ -17,17 +17,19 @@ import pytest
 from descriptors import closes_once
 
 import hwplace
-from hwplace.runtime.weight_sync import node_check, transports
+from hwplace.runtime.weight_sync import buckets as buckets_module
+from hwplace.runtime.weight_sync import node_check, segments, transports
 from hwplace.runtime.weight_sync.announcements import Announcement, Writing
 from hwplace.runtime.weight_sync.buckets import check, digest, pack, sizes
 from hwplace.runtime.weight_sync.node_check import BOARD_BYTES, Board, check_while_written, wait_posted, wait_sealed
-from hwplace.runtime.weight_sync.segments import CHUNK, WORD, WRITING, SegmentPool, SegmentReader, SegmentRef
+from hwplace.runtime.weight_sync.pieces import PIECE
+from hwplace.runtime.weight_sync.segments import WORD, WRITING, SegmentPool, SegmentReader, SegmentRef
 from hwplace.runtime.weight_sync.transports import SameNode
 
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
 
-SIZES = (1000, 3, 3 * CHUNK + 5)
+SIZES = (1000, 3, 3 * PIECE + 5)  # the last bucket: pieces a writer or checker with threads takes at once
 
 
 def buckets(version: int) -> list[Any]:
@@ -56,9 +58,12 @@ def opened(ref: SegmentRef) -> Board:
 
 
 @pytest.mark.time_limit(120)  # a checker the header never told of the bytes written would wait for ever
+@pytest.mark.parametrize("threads", [1, 3])  # as on a node of 2 or 3 cores, and as on one of 6 or 7
 def test_a_checker_hashes_each_chunk_once_the_header_says_it_is_written_and_posts_the_digests(
-        pool: SegmentPool, monkeypatch: Any) -> None:
+        pool: SegmentPool, monkeypatch: Any, threads: int) -> None:
     monkeypatch.setattr(node_check, "WAIT_POSTED", 600.0)  # however loaded the machine: the waiter sees the post
+    for module in (segments, buckets_module):  # the writer's copy-and-hash, and the checker's hasher
+        monkeypatch.setattr(module, "threads", lambda: threads)
     reader, results = SegmentReader(), []
     boards: list[Board] = []
 
