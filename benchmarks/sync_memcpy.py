@@ -42,8 +42,8 @@ from hwplace.testing import process_cluster  # noqa: E402
 STEPS = [  # what --profile times in each worker: (module, attribute)
     ("hwplace.runtime.weight_sync.sync", "WeightSync.publish"),
     ("hwplace.runtime.weight_sync.sync", "WeightSync.latest"),
-    ("hwplace.runtime.weight_sync.transports", "pack"),
-    ("hwplace.runtime.weight_sync.transports", "deliver"),
+    ("hwplace.runtime.weight_sync.source", "pack"),
+    ("hwplace.runtime.weight_sync.source", "deliver"),
     ("hwplace.runtime.weight_sync.transports", "check"),
     ("hwplace.runtime.weight_sync.segments", "_copy_hashed"),
     ("hwplace.runtime.weight_sync.device_ring", "RingWriter.write"),

@@ -31,11 +31,11 @@ MB = 10**6
 EVENTS: list[tuple[str, int, int]] = []
 STEPS = [  # (module, attribute, label): what each worker records
     ("hwplace_plugins.ray.rendezvous", "kv_put", "rendezvous note"),
-    ("hwplace.runtime.weight_sync.transports", "pack", "pack"),
+    ("hwplace.runtime.weight_sync.source", "pack", "pack"),
     ("hwplace.runtime.weight_sync.segments", "SegmentPool._claim", "claim segment"),
     ("hwplace.runtime.weight_sync.segments", "_copy_hashed", "copy+hash bucket"),
-    ("hwplace.runtime.weight_sync.transports", "forewarn", "Writing note"),
-    ("hwplace.runtime.weight_sync.transports", "deliver", "announce"),
+    ("hwplace.runtime.weight_sync.source", "forewarn", "Writing note"),
+    ("hwplace.runtime.weight_sync.source", "deliver", "announce"),
     ("hwplace.runtime.weight_sync.receiver", "recv_pickle", "note received"),
     ("hwplace.runtime.weight_sync.transports", "check_while_written", "check while written"),
     ("hwplace.runtime.weight_sync.transports", "wait_posted", "node's check posted"),

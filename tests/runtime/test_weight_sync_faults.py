@@ -18,6 +18,7 @@ import hwplace
 from hwplace.config.weight_sync import DEFAULT_BUCKET_BYTES
 from hwplace.runtime.messaging import communicator
 from hwplace.runtime.weight_sync import buckets, transports
+from hwplace.runtime.weight_sync import source as source_module
 from hwplace.runtime.weight_sync import sync as sync_module
 from hwplace.runtime.weight_sync.segments import SegmentRef
 
@@ -76,7 +77,7 @@ class Source(Patient):
 
             return entries, flipped()
 
-        with mock.patch.object(transports, "pack", corrupting):
+        with mock.patch.object(source_module, "pack", corrupting):
             return sync.publish(filled(version, size))
 
 
@@ -87,7 +88,7 @@ class Source(Patient):
         source announced it to."""
         state = {f"p{i}": torch.full((size,), float(version)) for i in range(pieces)} if pieces else \
             filled(version, size)
-        real, announced = transports.deliver, []
+        real, announced = source_module.deliver, []
 
         def losing(links: list[Any], note: Any, copies: Any = ()) -> None:
             if isinstance(note.where, SegmentRef):
@@ -96,7 +97,7 @@ class Source(Patient):
                     return
             real(links, note, copies)
 
-        with mock.patch.object(transports, "deliver", losing):
+        with mock.patch.object(source_module, "deliver", losing):
             return sync.publish(state), len(announced)
 
     def publish_mixed(self, sync: hwplace.WeightSync, through_slots: bool) -> int:

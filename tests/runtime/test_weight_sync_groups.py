@@ -14,7 +14,8 @@ from unittest import mock
 import pytest
 
 import hwplace
-from hwplace.runtime.weight_sync import buckets, transports
+from hwplace.runtime.weight_sync import buckets
+from hwplace.runtime.weight_sync import source as source_module
 from hwplace.runtime.weight_sync import sync as weights_module
 from hwplace.testing import swapped_session
 
@@ -63,7 +64,7 @@ class Trainer(hwplace.Worker):
 
             return entries, flipped()
 
-        with mock.patch.object(transports, "pack", corrupting):
+        with mock.patch.object(source_module, "pack", corrupting):
             return sync.publish(state_dict(version) if state is None else state)
 
 

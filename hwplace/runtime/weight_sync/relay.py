@@ -37,7 +37,7 @@ from hwplace.runtime.weight_sync.announcements import Announcement, Follows, rec
 from hwplace.runtime.weight_sync.links import WATCH, Link, link_key
 from hwplace.runtime.weight_sync.node_check import Board
 from hwplace.runtime.weight_sync.segments import SegmentPool
-from hwplace.runtime.weight_sync.transports import deliver
+from hwplace.runtime.weight_sync.source import deliver
 
 Member = tuple[str, int]
 

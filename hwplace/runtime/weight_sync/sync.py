@@ -3,14 +3,14 @@
 Created on the driver once the groups run, it carries its plan (:mod:`hwplace.planning.sync_plan`) and pickles
 into worker methods. ``publish`` chooses each target's transport for the version
 (:func:`~hwplace.runtime.weight_sync.transports.choose`: ``same-device`` only when the tensors lie on a GPU the
-target holds), lays the version down once per transport (:class:`~hwplace.runtime.weight_sync.transports.Source`)
+target holds), lays the version down once per transport (:class:`~hwplace.runtime.weight_sync.source.Source`)
 and announces it on a link to each target (:mod:`hwplace.runtime.weight_sync.links`; the target's end:
 :mod:`hwplace.runtime.weight_sync.receiver`); a target takes it when it asks
 (:mod:`hwplace.runtime.weight_sync.intake`), checking every bucket's digest before the version becomes its latest.
 A target whose link broke is dropped, named in a warning and in ``dead_targets``; the others go on.
 With restarts (SPEC §12), a link is keyed by both ends' processes (their incarnations in the group entries): the
 source links again to a target its group restarted (a thread of the source watches the target groups' entries)
-and offers it the newest version where that still lies (:meth:`~hwplace.runtime.weight_sync.transports.Source.newest`);
+and offers it the newest version where that still lies (:meth:`~hwplace.runtime.weight_sync.source.Source.newest`);
 a restarted source goes on from the version its predecessor noted in the rendezvous at each publish.
 ``close()`` lets go of everything a process holds for the sync. Imports the layers below and those modules.
 """
@@ -42,7 +42,8 @@ from hwplace.runtime.weight_sync.intake import Intake
 from hwplace.runtime.weight_sync.links import WATCH, Link, incarnation, link_key
 from hwplace.runtime.weight_sync.receiver import Receiver
 from hwplace.runtime.weight_sync.relay import Relay, relayed_dead
-from hwplace.runtime.weight_sync.transports import SameDevice, SameNode, Source, choose, source_device
+from hwplace.runtime.weight_sync.source import Source
+from hwplace.runtime.weight_sync.transports import SameDevice, SameNode, choose, source_device
 
 
 class _State:

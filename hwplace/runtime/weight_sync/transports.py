@@ -18,16 +18,15 @@ Each class owns both ends of its transport: how the source lays a version down f
 - :class:`OtherNode` (``other-node``): the buckets follow the announcement on each target's link, straight from
   the source's tensors once every such target has joined, else from the node's copy.
 
-:class:`Source` is the source process's side of one weight sync: the three transports and the version each
-target gets. Imports the layers below, the planning's transport names, and the room's buckets, device-share,
-device-ring, segments, node-check and links modules.
+The source process's side of one weight sync, which lays each version down through these, is
+:class:`hwplace.runtime.weight_sync.source.Source`. Imports the layers below, the planning's transport names, and
+the room's buckets, device-share, device-ring, segments, node-check and links modules.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
@@ -38,10 +37,10 @@ from hwplace.foundation.peer_files import peer_path
 from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SAME_NODE
 from hwplace.runtime.messaging.communicator import torch_module
 from hwplace.runtime.weight_sync.announcements import Announcement, Follows, HeldBytes, InlineVersion, Writing
-from hwplace.runtime.weight_sync.buckets import INLINE_BYTES, Entry, Packed, Weights, check, pack, sizes, unpack
+from hwplace.runtime.weight_sync.buckets import INLINE_BYTES, Entry, Packed, Weights, check, unpack
 from hwplace.runtime.weight_sync.device_ring import RingDescriptor, RingReader, RingWriter
 from hwplace.runtime.weight_sync.device_share import physical_device
-from hwplace.runtime.weight_sync.links import ANNOUNCED_BYTES, Link, buckets_of, fan_out, forewarn
+from hwplace.runtime.weight_sync.links import ANNOUNCED_BYTES, Link, fan_out
 from hwplace.runtime.weight_sync.node_check import Board, check_for_node, check_while_written, wait_posted, wait_sealed
 from hwplace.runtime.weight_sync.segments import HeldFile, SegmentPool, SegmentReader, SegmentRef
 
@@ -129,9 +128,10 @@ class SameNode:
                  buckets: Iterable[tuple[Any, str]], node: bool, keep: bool,
                  started: Callable[[Announcement], None] | None = None) -> tuple[Announcement, list[Any]]:
         """The node's copy of a version: in a segment when ``node`` (targets on this node) and it is large (the
-        buckets of :func:`pack` hashed as they are copied there, in one pass; ``started`` gets a :class:`Writing`
-        note before the first is), else copies of its buckets (in the announcement when ``node``); returns the
-        announcement and, when ``keep``, the buckets as laid down (for :class:`OtherNode` to send on)."""
+        buckets of :func:`~hwplace.runtime.weight_sync.buckets.pack` hashed as they are copied there, in one pass;
+        ``started`` gets a :class:`Writing` note before the first is), else copies of its buckets (in the
+        announcement when ``node``); returns the announcement and, when ``keep``, the buckets as laid down (for
+        :class:`OtherNode` to send on)."""
         if node and sum(lengths) > ANNOUNCED_BYTES:
             if self.segments is None:
                 self.board = Board.create(self.uid)
@@ -292,104 +292,3 @@ def checked(note: Announcement, held: HeldFile | HeldBytes, readable: list[Any] 
     if readable is not None:
         return HostVersion(note, held, None, readable)
     return HostVersion(note, held, views)
-
-
-class Source:
-    """The source process's side of one weight sync: its three transports, and where its newest version still
-    lies for each (:meth:`newest`: what a target that joins late is offered)."""
-
-    def __init__(self, uid: str, visible: Sequence[int] | None, bucket_bytes: int,
-                 device_buckets: int = DEFAULT_DEVICE_BUCKETS) -> None:
-        self.same_device = SameDevice(visible, bucket_bytes, device_buckets)
-        self.same_node = SameNode(uid)
-        self.bucket_bytes = bucket_bytes
-        self._newest: dict[str, tuple[Announcement, list[Any]]] = {}
-        self._thread: ThreadPoolExecutor | None = None
-
-    def publish(self, version: int, state_dict: Mapping[str, Any], links: Mapping[str, list[Link]],
-                again: bool = False, standby: Collection[str] = (), noting: Callable[[], None] | None = None) -> None:
-        """Lay ``version`` down for each transport's targets (``links``, by transport name) and announce it.
-
-        ``standby``: transports to lay it down for even without a link now (a target of theirs is dead and may be
-        restarted: :meth:`newest` offers it then). ``again``: the newest version once more, for targets linked
-        again after it was first laid down. ``noting`` (noting the version in the rendezvous) runs in a thread
-        while the version is laid down, and has returned before any target is told of it; its error is raised."""
-        noted = self._meanwhile(noting)
-        if not again:
-            self._newest.clear()  # never offer an older version than the newest
-        if links[SAME_DEVICE] or SAME_DEVICE in standby:
-            self._newest[SAME_DEVICE] = (self.same_device.lay_down(version, state_dict), [])
-            noted()
-            deliver(links[SAME_DEVICE], self._newest[SAME_DEVICE][0])
-        node, other = links[SAME_NODE], links[OTHER_NODE]
-        to_node, to_other = bool(node) or SAME_NODE in standby, bool(other) or OTHER_NODE in standby
-        if not to_node and not to_other:
-            noted()
-            return
-        entries, buckets = pack(state_dict, self.bucket_bytes)
-        lengths = sizes(entries)
-        if not to_node and OTHER_NODE not in standby and all(link.connected for link in other):
-            noted()
-            OtherNode.stream(other, version, entries, lengths, iter(buckets))  # straight from the tensors: none kept
-            return
-        warned: list[Callable[[], list[Link]]] = []
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        early = None if cores < 2 else \
-            lambda writing: warned.append(forewarn(node, writing))  # a core for the source and one checking target
-        note, copies = self.same_node.lay_down(version, entries, lengths, buckets, to_node, to_other, early)
-        reached = {link for sent in warned for link in sent()}
-        noted()
-        if to_node:
-            self._newest[SAME_NODE] = (note, [])
-            if reached and self.same_node.seal(note):  # the seal is their announcement: a target takes it from there
-                for link in reached:
-                    with link.lock:
-                        link.sent = max(link.sent, version)
-            deliver([link for link in node if link.sent < version], note)
-        if to_other:
-            following = OtherNode.following(note)
-            self._newest[OTHER_NODE] = (following, [] if isinstance(note.where, SegmentRef) else copies)
-            deliver(other, following, copies)
-
-    def _meanwhile(self, work: Callable[[], None] | None) -> Callable[[], None]:
-        """Start ``work`` in this source's thread (one, kept: a client it opens is reused); the returned call waits
-        for it and raises what it raised."""
-        if work is None:
-            return lambda: None
-        self._thread = self._thread or ThreadPoolExecutor(1, thread_name_prefix="hwplace-wsync-note")
-        return self._thread.submit(work).result
-
-    def newest(self, transport: str) -> tuple[Announcement, list[Any]] | None:
-        """The newest version as it was announced to ``transport``'s targets, with its buckets when they follow
-        (copies of the source's own: valid until the next publish), or None when it no longer lies anywhere for
-        them: none was laid down for that transport, or (``other-node``) it was streamed from the tensors."""
-        found = self._newest.get(transport)
-        if found is None:
-            return None
-        note, copies = found
-        if transport == OTHER_NODE and not copies and note.lengths and self.same_node.segments is not None:
-            node = self._newest.get(SAME_NODE)
-            if node is None or not isinstance(node[0].where, SegmentRef):
-                return None
-            copies = self.same_node.segments.views(node[0].where)  # the node's copy: intact until the next publish
-        return note, copies
-
-    def close(self) -> None:
-        self._newest.clear()
-        if self._thread is not None:
-            self._thread.shutdown(wait=False)
-        self.same_device.close()
-        self.same_node.close()
-
-
-def deliver(links: list[Link], note: Announcement, copies: Sequence[Any] = ()) -> None:
-    """Send ``note`` now to the targets that have joined; leave it, with copies of ``copies`` (its buckets, when
-    they follow), to the others' links until they join. No links: nothing to do."""
-    waiting = [link for link in links if not link.connected]
-    if waiting:
-        kept = [c.copy() for c in copies]  # the caller's buffers may change after publish returns
-        for link in waiting:
-            link.offer(note, kept)
-    ready = [link for link in links if link not in waiting]
-    if ready:
-        fan_out(ready, note, buckets_of(note, copies))
