@@ -716,12 +716,45 @@ def test_unknown_component_is_a_config_error_with_suggestion(
         placement.get_world_size("rolout")
 
 
+@pytest.mark.parametrize("method", ["get_strategy", "get_world_size", "get_placements", "spec"])
+def test_an_unknown_component_is_named_whole(full: tuple[hwplace.ComponentPlacement, hwplace.Cluster],
+                                             method: str) -> None:
+    placement, _ = full
+    with pytest.raises(hwplace.ConfigError, match="has no component") as caught:
+        getattr(placement, method)("actr")
+    assert (caught.value.path, caught.value.problem, caught.value.value, caught.value.allowed) == (
+        "cluster.component_placement", "has no component 'actr'", None,
+        "components: actor, inference, rollout, env, agent; did you mean 'actor'?")
+    with pytest.raises(hwplace.ConfigError, match="has no component") as caught:
+        getattr(placement, method)(3)
+    assert caught.value.problem == "has no component 3"
+
+
 def test_more_nodes_in_config_than_in_cluster() -> None:
     section = {"num_nodes": 3, "component_placement": {"actor": "0"}}
     with pytest.raises(hwplace.ConfigError, match=r"cluster\.num_nodes: is 3 but the cluster has 2 nodes") as info:
         place(section, fake_cluster(num_nodes=2, accelerators_per_node=1))
     assert info.value.path == "cluster.num_nodes"
     assert "3" in str(info.value)
+
+
+def test_a_config_that_does_not_match_its_cluster_is_named_whole() -> None:
+    with pytest.raises(hwplace.ConfigError, match="num_nodes") as caught:
+        place({"num_nodes": 3, "component_placement": {"actor": "0"}},
+              fake_cluster(num_nodes=2, accelerators_per_node=1))
+    assert (caught.value.path, caught.value.problem, caught.value.allowed) == (
+        "cluster.num_nodes", "is 3 but the cluster has 2 nodes", "build the Cluster with the same config")
+    robots = {"num_nodes": 2, "node_groups": [ROBOT_GROUP],
+              "component_placement": {"env": {"node_group": "robot", "placement": "0"}}}
+    with pytest.raises(hwplace.ConfigError, match="node_groups") as caught:
+        place(robots, fake_cluster(num_nodes=2, accelerators_per_node=1))
+    assert (caught.value.problem, caught.value.allowed) == (
+        "declare devices other than the ones the cluster was built with, so the cluster has not detected them",
+        "build the Cluster (or fake_cluster) with the same config")
+    with pytest.raises(hwplace.ConfigError, match="component_placement") as caught:
+        place({"num_nodes": 1}, cluster_of([1]))
+    assert (caught.value.path, caught.value.problem) == (
+        "cluster.component_placement", "is missing or empty: no component to place")
 
 
 def test_fake_cluster_with_fewer_nodes_than_config() -> None:

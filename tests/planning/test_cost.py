@@ -179,3 +179,13 @@ def test_the_expected_longest_of_three_cells_is_near_the_exact_one() -> None:
     # approximates it within a few tenths of a percent
     assert expected_longest([(0.0, 1.0)] * 3) == pytest.approx(3 / (2 * math.sqrt(math.pi)), rel=5e-3)
     assert expected_longest([(5.0, 1.0)] * 3) == pytest.approx(5 + 3 / (2 * math.sqrt(math.pi)), rel=5e-3)
+
+
+def test_a_spread_too_small_to_tell_from_rounding_counts_as_none() -> None:
+    """The spreads count as none below 1e-12 of the larger mean (and never above 1e-21 s): the longest mean,
+    exactly; a spread above that threshold is taken as it is, however small the means."""
+    assert expected_longest([(1000.0, 1e-10), (1000.0, 0.0)]) == 1000.0  # 1e-10 is below 1e-12 of 1000 s
+    assert expected_longest([(0.0, 1e-22), (0.0, 0.0)]) == 0.0  # below the floor of 1e-21 s
+    # above it: E[max(X, 0)] for X ~ N(0, 1e-15) = 1e-15 * phi(0)
+    assert expected_longest([(0.0, 1e-15), (0.0, 0.0)]) == pytest.approx(1e-15 / math.sqrt(2 * math.pi),
+                                                                         rel=1e-9, abs=0)

@@ -307,3 +307,125 @@ def test_a_point_keeps_its_placement_as_a_string_or_none() -> None:
     data["components"]["trainer"]["points"][0]["placement"] = 3
     trainer = parse_profile(data).component("trainer")
     assert (trainer.at(4).placement, trainer.at(1).placement) == ("3", None)
+
+
+def components(**entries: Any) -> Any:
+    return lambda d: {**d, "components": entries}
+
+
+ONE_POINT = {"processes": 1, "stages": {"train": {"seconds": 1}}}
+
+
+@pytest.mark.parametrize(("change", "path", "problem", "value", "allowed"), [
+    (lambda d: [d["version"]], "profile", "must be a mapping", [1], None),
+    (lambda d: {**d, "version": 2}, "profile: version", "is not a profile version this hwplace reads", 2,
+     "version: 1"),
+    (lambda d: {**d, "components": [1]}, "profile: components", "must be a mapping", [1], None),
+    (components(**{"Bad name": {"points": [ONE_POINT]}}), "profile: components.Bad name", "is not a component name",
+     None, "a name of component_placement"),
+    (components(trainer=[1]), "profile: components.trainer", "must be a mapping", [1], None),
+    (components(trainer={"points": [ONE_POINT], "pts": 1}), "profile: components.trainer.pts", "unknown key", None,
+     "allowed keys: points, scaling; did you mean 'points'?"),
+    (components(trainer={"points": [ONE_POINT], "scaling": "linear"}), "profile: components.trainer.scaling",
+     "is not a scaling hwplace knows", "linear", "data-parallel, or leave it out (measured counts only)"),
+    (components(trainer={"points": []}), "profile: components.trainer.points",
+     "is a list of at least one measured point", [], None),
+    (components(trainer={"points": [ONE_POINT, ONE_POINT]}), "profile: components.trainer.points",
+     "measures one process count twice", None, "one point per processes and devices_per_process"),
+    (components(trainer={"points": [1]}), "profile: components.trainer.points[0]", "must be a mapping", 1, None),
+    (components(trainer={"points": [{"processes": 1, "stages": [1]}]}), "profile: components.trainer.points[0].stages",
+     "must be a mapping", [1], None),
+    (components(trainer={"points": [{**ONE_POINT, "offload": {"seconds": -1}}]}),
+     "profile: components.trainer.points[0].offload.seconds", "is a non-negative number of seconds", -1, None),
+    (components(trainer={"points": [{**ONE_POINT, "onload": {"secs": 1}}]}),
+     "profile: components.trainer.points[0].onload.secs", "unknown key", None,
+     "allowed keys: seconds; did you mean 'seconds'?"),
+    (lambda d: {**d, "weight_sync": [1]}, "profile: weight_sync", "must be a mapping", [1], None),
+    (lambda d: {**d, "weight_sync": {"policy": 1}}, "profile: weight_sync.policy", "must be a mapping", 1, None),
+    (lambda d: {**d, "weight_sync": {"policy": {"byte": 1}}}, "profile: weight_sync.policy.byte", "unknown key", None,
+     "allowed keys: bytes; did you mean 'bytes'?"),
+    (lambda d: {**d, "bandwidth": [1]}, "profile: bandwidth", "must be a mapping", [1], None),
+    (lambda d: {**d, "bandwidth": {"same-rack": "1GB"}}, "profile: bandwidth.same-rack", "is not a transport", None,
+     "same-device, same-node, other-node"),
+    (lambda d: {**d, "bandwidth": {"same-node": "fast"}}, "profile: bandwidth.same-node", "is not an amount of memory",
+     "fast", "bytes as an integer, or a number and a unit: B, KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB "
+     "(powers of 1024), such as 50GiB or 0.5GiB"),
+    (lambda d: {**d, "bandwidth": {"same-node": 0}}, "profile: bandwidth.same-node", "is zero bytes per second", None,
+     "a positive amount per second, such as 20GB"),
+])
+def test_a_profile_s_mistake_is_named_whole(change: Any, path: str, problem: str, value: Any,
+                                            allowed: str | None) -> None:
+    with pytest.raises(ConfigError, match=re.escape(problem)) as caught:
+        parse_profile(change(profile_data()))
+    assert (caught.value.path, caught.value.problem, caught.value.value, caught.value.allowed) == (
+        path, problem, value, allowed)
+
+
+def test_a_component_name_that_is_no_string_is_refused() -> None:
+    with pytest.raises(ConfigError, match="is not a component name") as caught:
+        parse_profile({"version": 1, "components": {1: {"points": [ONE_POINT]}}})
+    assert caught.value.path == "profile: components.1"
+
+
+def test_a_profile_without_components_has_none_and_says_so() -> None:
+    profile = parse_profile({"version": 1})
+    assert (dict(profile.components), dict(profile.weight_sync)) == ({}, {})
+    with pytest.raises(NotMeasured, match="reward") as caught:
+        profile.component("reward")
+    assert str(caught.value) == ("the profile has no entry for component 'reward' (it has none); profile a run "
+                                 "that places it")
+    with pytest.raises(NotMeasured, match="reward") as caught:
+        parse_profile(profile_data()).component("reward")
+    assert str(caught.value) == ("the profile has no entry for component 'reward' (it has trainer, rollout); profile a "
+                                 "run that places it")
+    assert (caught.value.component, caught.value.processes, caught.value.devices_per_process) == ("reward", 0, 1)
+
+
+def test_points_and_profiles_are_read_only_and_hashable() -> None:
+    point = Point(2, stages={"train": 1.0}, memory={"train": 5})
+    assert hash(point) == hash(Point(2, stages={"train": 1.0}, memory={"train": 5}))
+    with pytest.raises(TypeError, match="read-only"):
+        point.stages["train"] = 2.0  # type: ignore[index]
+    with pytest.raises(TypeError, match="read-only"):
+        point.memory["train"] = 6  # type: ignore[index]
+    profile = Profile({"trainer": ComponentProfile("trainer", (point,))}, {"policy": 10})
+    with pytest.raises(TypeError, match="read-only"):
+        profile.components["other"] = ComponentProfile("other", (point,))  # type: ignore[index]
+    with pytest.raises(TypeError, match="read-only"):
+        profile.weight_sync["policy"] = 20  # type: ignore[index]
+
+
+def test_a_point_describes_itself_by_count_and_accelerators() -> None:
+    assert [Point(1).describe(), Point(2).describe(), Point(2, 2).describe(), Point(1, 3).describe()] == [
+        "1 process", "2 processes", "2 processes of 2 accelerators", "1 process of 3 accelerators"]
+
+
+def test_a_count_not_measured_names_only_the_points_of_its_accelerators_per_process() -> None:
+    data = profile_data()
+    data["components"]["rollout"]["points"].append({"processes": 1, "stages": {"generate": {"seconds": 6}}})
+    with pytest.raises(NotMeasured, match="rollout") as caught:
+        parse_profile(data).component("rollout").at(3, 2)
+    assert str(caught.value) == ("rollout was measured on 2 processes of 2 accelerators, not on 3 processes of 2 "
+                                 "accelerators; profile a run with 3 processes of 2 accelerators")
+
+
+def test_the_json_form_leaves_out_a_scaling_not_given() -> None:
+    written = parse_profile(profile_data()).to_json()["components"]
+    assert written["rollout"] == {"points": [{"processes": 2, "devices_per_process": 2,
+                                              "stages": {"generate": {"seconds": 3.0}}}]}
+    assert written["trainer"]["scaling"] == "data-parallel"
+
+
+def test_merging_and_loading_name_where_a_point_is_measured_twice(tmp_path: Path) -> None:
+    first = parse_profile(profile_data())
+    with pytest.raises(ConfigError, match="again") as caught:
+        merge_profiles(first, first)
+    assert caught.value.path == "profile: components.trainer.points"
+    (tmp_path / "a.json").write_text(json.dumps(profile_data()))
+    (tmp_path / "b.json").write_text(json.dumps(profile_data()))
+    with pytest.raises(ConfigError, match="again") as caught:
+        load_profile(tmp_path / "a.json", tmp_path / "b.json")
+    assert caught.value.path == f"{tmp_path / 'b.json'}: components.trainer.points"
+    with pytest.raises(ConfigError, match="cannot read") as caught:
+        load_profile(tmp_path / "absent.json")
+    assert caught.value.path == "--profile"

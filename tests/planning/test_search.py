@@ -23,7 +23,7 @@ from hwplace.inventory.offline import fake_cluster
 from hwplace.planning.component import ComponentPlacement
 from hwplace.planning.cost import predict
 from hwplace.planning.profile import NotMeasured, Profile, parse_profile
-from hwplace.planning.search import search_placements
+from hwplace.planning.search import NO_SPLIT, search_placements
 
 
 def point(processes: int, stage: str, seconds: float, memory: dict[str, str], *, per: int = 1,
@@ -266,3 +266,157 @@ def test_a_weight_sync_with_a_component_that_keeps_its_placement_costs_as_placed
     assert searched["obs"] == ("same-node" if trainer == env_node else "other-node")
     assert searched.get("feedback", "") == ("" if not feedback else "same-node" if rollout == {env_node} else
                                             "other-node")
+
+
+@pytest.mark.parametrize("counts", [[4], [2, 2], [3, 3], [8]], ids=lambda c: "x".join(map(str, c)))
+def test_every_candidate_s_cells_and_syncs_are_those_of_its_pasted_plan(counts: list[int]) -> None:
+    """Each predicted layout's cells (seconds with their syncs, peak memory of their accelerators) and syncs
+    (transport, seconds) are what ``predict`` finds for the placement that candidate pastes."""
+    names = ["trainer", "rollout", "reward"]
+    profile = make_profile(trainer=TRAINER, rollout=ROLLOUT, reward=REWARD)
+    cluster = cluster_of(names, counts)
+    result = search_placements(job_of(names, num_nodes=len(counts)), cluster, profile)
+    predicted = [c for c in result.candidates if c.cells is not None]
+    assert predicted
+    for candidate in predicted:
+        pasted = yaml.safe_load(result.component_placement(candidate))["component_placement"]
+        plan = ComponentPlacement(job_of(names, pasted, len(counts)), cluster)
+        prediction = predict(plan, profile)
+        assert prediction.step_seconds == pytest.approx(candidate.step_seconds, rel=1e-12)
+        assert [(s.name, s.transport) for s in candidate.syncs] == [(s.name, s.transport) for s in prediction.syncs]
+        assert [s.seconds for s in candidate.syncs] == pytest.approx([s.seconds for s in prediction.syncs])
+        seconds = {frozenset(c.components): c.seconds for c in prediction.cells}
+        assert candidate.cells is not None
+        for cell in candidate.cells:
+            assert cell.seconds == pytest.approx(seconds[frozenset(cell.components)], rel=1e-12)
+            peaks = [m.peak for m in prediction.memory if cell.first <= m.index + sum(counts[:m.node_rank])
+                     < cell.first + cell.size]
+            assert [cell.peak] * cell.size == peaks
+
+
+ROLLOUT_ONE = {"scaling": "data-parallel", "points": [  # one accelerator a process
+    point(1, "generate", 6.0, {"generate": "30GiB", "idle": "20GiB"}),
+    point(3, "generate", 2.2, {"generate": "30GiB", "idle": "20GiB"})]}
+TRAINER_ONE = {"points": [point(1, "train", 1.0, {"train": "20GiB"})]}
+
+
+@pytest.mark.parametrize("counts", [[3, 1], [2, 2], [1, 3], [2, 1, 1], [3, 2]], ids=lambda c: "x".join(map(str, c)))
+def test_a_target_whose_last_process_lies_on_another_node_equals_brute_force(counts: list[int]) -> None:
+    """A rollout of one accelerator a process may start on the trainer's node and end on the next: its sync
+    goes to another node."""
+    check(["trainer", "rollout"], counts, make_profile(trainer=TRAINER_ONE, rollout=ROLLOUT_ONE))
+
+
+@pytest.mark.parametrize("env_node", [0, 1])
+def test_a_component_that_keeps_its_placement_and_its_sync_can_set_the_step(env_node: int) -> None:
+    """The env keeps its placement and is slower than any plan of the others: the step is its work and its
+    sync's seconds, as the prediction of the pasted plan has it."""
+    job = parse_job_config({"cluster": {"num_nodes": 2, "component_placement": {
+        "trainer": "0", "rollout": "1", "env": {"node_group": "node", "placement": f"{env_node}:0-1"}}},
+        "weight_sync": {"policy": {"source": "trainer", "targets": ["rollout"]},
+                        "obs": {"source": "trainer", "targets": ["env"]}}})
+    cluster = fake_cluster(job.cluster, accelerators_per_node=[2, 2])
+    profile = parse_profile({"version": 1, "components": {
+        "trainer": TRAINER, "rollout": ROLLOUT,
+        "env": {"points": [{"processes": 2, "stages": {"step": {"seconds": 20.0}}}]}},
+        "weight_sync": {"policy": {"bytes": "4GB"}, "obs": {"bytes": "8GB"}},
+        "bandwidth": {"same-device": "400GB", "same-node": "20GB", "other-node": "5GB"}})
+    result = search_placements(job, cluster, profile)
+    raw = job.to_dict()
+    raw["cluster"]["component_placement"] = yaml.safe_load(result.component_placement())["component_placement"]
+    prediction = predict(ComponentPlacement(parse_job_config(raw), cluster), profile)
+    obs = {s.name: s for s in result.best.syncs}["obs"]
+    assert result.best.step_seconds == pytest.approx(20.0 + obs.seconds, rel=1e-12)
+    assert prediction.step_seconds == pytest.approx(result.best.step_seconds, rel=1e-12)
+    assert obs.seconds == pytest.approx(8 / (20 if obs.transport == "same-node" else 5))
+
+
+ROLLOUT_THREE = {"scaling": "data-parallel", "points": [  # three accelerators a process
+    point(1, "generate", 6.0, {"generate": "30GiB", "idle": "20GiB"}, per=3),
+    point(2, "generate", 3.2, {"generate": "30GiB", "idle": "20GiB"}, per=3)]}
+
+
+@pytest.mark.parametrize("counts", [[2, 3, 3], [1, 3, 3], [4, 3, 3], [2, 3], [3, 3]],
+                         ids=lambda c: "x".join(map(str, c)))
+def test_processes_of_three_accelerators_on_uneven_nodes_equal_brute_force(counts: list[int]) -> None:
+    """A cell that starts at an accelerator that no process of three would start at on an even cluster: whether
+    a process spans two nodes is counted from the cell's first accelerator."""
+    check(["trainer", "rollout"], counts, make_profile(trainer=TRAINER_ONE, rollout=ROLLOUT_THREE))
+
+
+def flat_job(count: int) -> tuple[Any, Profile]:
+    """``count`` components of group 'cluster', each measured at one process of one second."""
+    names = ["a", "b", "c", "d", "e", "f", "g"][:count]
+    job = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": dict.fromkeys(names, "0")}})
+    return job, make_profile(**{n: {"points": [point(1, "work", 1.0, {"work": "1GiB"})]} for n in names})
+
+
+def test_what_the_search_cannot_take_is_refused_whole() -> None:
+    job = job_of(["trainer", "rollout"])
+    profile = make_profile(trainer=TRAINER, rollout=ROLLOUT)
+    with pytest.raises(PlacementError, match="there are none") as caught:
+        search_placements(job, fake_cluster(job.cluster, accelerators_per_node=0), profile)
+    assert str(caught.value) == ("--search places components on accelerators, and there are none: group 'cluster' "
+                                 "has 1 node (no accelerator was detected on its nodes, so the resources are the "
+                                 "nodes themselves)")
+    on_nodes = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": {
+        "env": {"node_group": "node", "placement": "0"}}}})
+    with pytest.raises(PlacementError, match="none is placed there") as caught:
+        search_placements(on_nodes, fake_cluster(on_nodes.cluster, accelerators_per_node=2), profile)
+    assert str(caught.value) == "--search places the components of group 'cluster', and none is placed there"
+    seven, flat = flat_job(7)
+    with pytest.raises(PlacementError, match="at most") as caught:
+        search_placements(seven, fake_cluster(seven.cluster, accelerators_per_node=1), flat)
+    assert str(caught.value) == "--search takes at most 6 components on group 'cluster', and there are 7"
+    six, flat = flat_job(6)
+    result = search_placements(six, fake_cluster(six.cluster, accelerators_per_node=1), flat)
+    assert (result.best.label, result.best.step_seconds, len(result.candidates), result.devices) == (
+        "a,b,c,d,e,f", 6.0, 203, 1)
+
+
+def test_layouts_come_fastest_first_then_the_unpredicted_by_cell_count() -> None:
+    job, flat = flat_job(3)
+    result = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=1), flat)
+    assert [c.label for c in result.candidates] == ["a,b,c", "a | b,c", "a,b | c", "a,c | b", "a | b | c"]
+    assert result.candidates[-1].reason == ("its cells need at least 3 accelerators (a 1, b 1, c 1) and there are 1: "
+                                            "profile smaller process counts")
+    two = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=2), flat)
+    assert [(c.label, c.step_seconds) for c in two.candidates] == [
+        ("a | b,c", 2.0), ("a,b | c", 2.0), ("a,c | b", 2.0), ("a,b,c", 3.0), ("a | b | c", None)]
+    assert two.devices == 2
+
+
+def test_refusals_name_the_accelerators_every_layout_s_reason_and_the_first_component(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    only_four = {"points": [point(4, "train", 2.0, {"train": "10GiB"})]}
+    job = job_of(["trainer", "rollout"])
+    with pytest.raises(NotMeasured, match="can be predicted") as measured:
+        search_placements(job, fake_cluster(job.cluster, accelerators_per_node=2),
+                          make_profile(trainer=only_four, rollout=ROLLOUT))
+    assert measured.value.component == "trainer"
+    monkeypatch.setenv("HWPLACE_FAKE_ACCELERATOR_MEMORY", "30GiB")
+    with pytest.raises(PlacementError, match="fits") as caught:
+        search_placements(job, fake_cluster(job.cluster, accelerators_per_node=4),
+                          make_profile(trainer=TRAINER, rollout=ROLLOUT))
+    assert str(caught.value) == (f"no placement of trainer, rollout on 4 accelerators fits: trainer,rollout: "
+                                 f"{NO_SPLIT}; trainer | rollout: {NO_SPLIT}")
+
+
+def test_each_size_takes_the_fastest_of_the_accelerators_per_process_measured() -> None:
+    """A rollout measured with 1 and with 2 accelerators a process: each count of accelerators takes the faster
+    of the two where both were measured, and the one measured where the other was not."""
+    rollout = {"points": [point(2, "generate", 5.0, {"generate": "10GiB"}),
+                          point(3, "generate", 4.0, {"generate": "10GiB"}),
+                          point(1, "generate", 3.0, {"generate": "10GiB"}, per=2),
+                          point(2, "generate", 1.0, {"generate": "10GiB"}, per=2)]}
+    job = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": {"rollout": "0"}}})
+    for count, slot, seconds in ((2, (1, 2), 3.0), (4, (2, 2), 1.0)):
+        best = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=count),
+                                 make_profile(rollout=rollout)).best
+        assert best.cells is not None
+        assert ([(s.processes, s.devices_per_process) for s in best.cells[0].slots], best.step_seconds) == (
+            [slot], seconds)
+    slow = {"points": [*rollout["points"][:2], point(1, "generate", 6.0, {"generate": "10GiB"}, per=2)]}
+    best = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=3), make_profile(rollout=slow)).best
+    assert best.cells is not None
+    assert ([(s.processes, s.devices_per_process) for s in best.cells[0].slots], best.step_seconds) == ([(3, 1)], 4.0)
