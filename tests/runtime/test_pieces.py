@@ -81,7 +81,7 @@ def test_copy_hashed_copies_every_byte_and_reports_only_what_is_in(size: int, wo
     assert copy_hashed(into, source, written, workers) == definition(source.tobytes())
     assert np.array_equal(into, source)
     assert reported == sorted(set(reported))  # growing, each once
-    assert all(n % PIECE == 0 or n == size for n in reported)
+    assert all(n % pieces.CHUNK == 0 or n == size for n in reported)  # whole chunks (pieces are whole chunks)
     assert reported[-1:] == ([size] if size else [])
 
 

@@ -23,7 +23,8 @@ from typing import Any
 with contextlib.suppress(ImportError):  # optional: xxhash, which the ray and torch extras bring (buckets.py
     import xxhash  # refuses xxh3t digests without it)
 
-PIECE = 1 << 20  # bytes a piece of a bucket holds; also what a writer copies, then hashes, at a time
+PIECE = 1 << 20  # bytes a piece of a bucket holds; what each thread of a writer copies, then hashes, at a time
+CHUNK = 1 << 18  # what a writer on one thread copies, then hashes, at a time: it stays in the core's own cache
 MAX_THREADS = 8
 ALGORITHM = "xxh3t"
 
@@ -104,18 +105,21 @@ def _digests(view: memoryview, workers: int) -> list[bytes]:
 
 
 def copy_hashed(into: Any, source: Any, written: Callable[[int], None], workers: int = 1) -> str:
-    """Copy ``source`` into ``into`` (numpy uint8 arrays of one length) a piece at a time, hashing each piece just
-    after it is copied, while it is still in cache: one pass over memory for both. On ``workers`` threads the
-    pieces are taken in order by whichever thread is free. ``written(n)`` each time the bytes copied from the start
-    on grow, with how many: a reader may hash up to there. Returns the ``xxh3t`` digest."""
+    """Copy ``source`` into ``into`` (numpy uint8 arrays of one length) a :data:`CHUNK` at a time on one thread, a
+    piece at a time on ``workers`` threads (taken in order by whichever thread is free), hashing each just after it
+    is copied, while it is still in cache: one pass over memory for both. ``written(n)`` each time the bytes copied
+    from the start on grow, with how many: a reader may hash up to there. Returns the ``xxh3t`` digest."""
     size = len(source)
     count = -(-size // PIECE)
     if workers <= 1 or count <= 1:
-        digests = []
-        for start in range(0, size, PIECE):
-            end = min(start + PIECE, size)
+        digests, piece = [], xxhash.xxh3_128()
+        for start in range(0, size, CHUNK):  # PIECE is a multiple of CHUNK
+            end = min(start + CHUNK, size)
             into[start:end] = source[start:end]
-            digests.append(piece_digest(into[start:end]))
+            piece.update(into[start:end])
+            if end % PIECE == 0 or end == size:
+                digests.append(piece.digest())
+                piece = xxhash.xxh3_128()
             written(end)
         return root(digests)
     found: list[bytes | None] = [None] * count
