@@ -38,6 +38,7 @@ from hwplace.config.checks import LABEL, check_keys, mapping
 from hwplace.config.resources import ComponentResources, parse_memory
 from hwplace.foundation.errors import ConfigError, PlacementError
 from hwplace.foundation.frozen import FrozenDict
+from hwplace.foundation.sizes import ALLOWED as SIZES_ALLOWED
 from hwplace.foundation.sizes import parse_size
 from hwplace.foundation.wording import plural
 from hwplace.planning.sync_plan import OTHER_NODE, SAME_DEVICE, SAME_NODE, TRANSPORTS
@@ -48,6 +49,7 @@ SCALINGS = (DATA_PARALLEL,)
 DEFAULT_BANDWIDTH: Mapping[str, int] = FrozenDict({SAME_DEVICE: 200 * 1000**3, SAME_NODE: 20 * 1000**3,
                                                    OTHER_NODE: 10 * 1000**3})
 """Bytes per second a weight sync moves by each transport, unless a profile's ``bandwidth`` says otherwise."""
+RATE = "a positive amount per second, such as 20GB"  # what a profile's bandwidth.<transport> is
 _KEYS = ("version", "components", "weight_sync", "bandwidth", "run")  # run: what the run measured (not predicted from)
 _COMPONENT_KEYS = ("points", "scaling")
 _POINT_KEYS = ("processes", "devices_per_process", "placement", "stages", "offload", "onload", "between", "spread",
@@ -308,7 +310,7 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
     for name, entry in mapping(root.get("components", {}), f"{source}: components").items():
         path = f"{source}: components.{name}"
         if not isinstance(name, str) or not LABEL.match(name):
-            raise ConfigError(path, "is not a component name", allowed="a name of component_placement")
+            raise ConfigError(path, "is not a component name", value=name, allowed="a name of component_placement")
         entry = mapping(entry, path)
         check_keys(entry, _COMPONENT_KEYS, path)
         scaling = entry.get("scaling")
@@ -335,9 +337,13 @@ def parse_profile(data: Any, source: str = "profile") -> Profile:
         path = f"{source}: bandwidth.{transport}"
         if transport not in TRANSPORTS:
             raise ConfigError(path, "is not a transport", allowed=", ".join(TRANSPORTS))
-        bandwidth[transport] = parse_size(amount, path)
+        try:
+            bandwidth[transport] = parse_size(amount, path)
+        except ConfigError:  # parse_size speaks of memory: this is a rate
+            raise ConfigError(path, "is not an amount of bytes per second", value=amount,
+                              allowed=f"{RATE}: {SIZES_ALLOWED}") from None
         if bandwidth[transport] == 0:
-            raise ConfigError(path, "is zero bytes per second", allowed="a positive amount per second, such as 20GB")
+            raise ConfigError(path, "is zero bytes per second", value=amount, allowed=RATE)
     return Profile(components, syncs, bandwidth)
 
 

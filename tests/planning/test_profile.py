@@ -322,7 +322,7 @@ ONE_POINT = {"processes": 1, "stages": {"train": {"seconds": 1}}}
      "version: 1"),
     (lambda d: {**d, "components": [1]}, "profile: components", "must be a mapping", [1], None),
     (components(**{"Bad name": {"points": [ONE_POINT]}}), "profile: components.Bad name", "is not a component name",
-     None, "a name of component_placement"),
+     "Bad name", "a name of component_placement"),
     (components(trainer=[1]), "profile: components.trainer", "must be a mapping", [1], None),
     (components(trainer={"points": [ONE_POINT], "pts": 1}), "profile: components.trainer.pts", "unknown key", None,
      "allowed keys: points, scaling; did you mean 'points'?"),
@@ -347,10 +347,15 @@ ONE_POINT = {"processes": 1, "stages": {"train": {"seconds": 1}}}
     (lambda d: {**d, "bandwidth": [1]}, "profile: bandwidth", "must be a mapping", [1], None),
     (lambda d: {**d, "bandwidth": {"same-rack": "1GB"}}, "profile: bandwidth.same-rack", "is not a transport", None,
      "same-device, same-node, other-node"),
-    (lambda d: {**d, "bandwidth": {"same-node": "fast"}}, "profile: bandwidth.same-node", "is not an amount of memory",
-     "fast", "bytes as an integer, or a number and a unit: B, KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB "
-     "(powers of 1024), such as 50GiB or 0.5GiB"),
-    (lambda d: {**d, "bandwidth": {"same-node": 0}}, "profile: bandwidth.same-node", "is zero bytes per second", None,
+    (lambda d: {**d, "bandwidth": {"same-node": "fast"}}, "profile: bandwidth.same-node",
+     "is not an amount of bytes per second", "fast", "a positive amount per second, such as 20GB: bytes as an "
+     "integer, or a number and a unit: B, KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024), such as "
+     "50GiB or 0.5GiB"),
+    (lambda d: {**d, "bandwidth": {"same-node": True}}, "profile: bandwidth.same-node",
+     "is not an amount of bytes per second", True, "a positive amount per second, such as 20GB: bytes as an "
+     "integer, or a number and a unit: B, KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024), such as "
+     "50GiB or 0.5GiB"),
+    (lambda d: {**d, "bandwidth": {"same-node": 0}}, "profile: bandwidth.same-node", "is zero bytes per second", 0,
      "a positive amount per second, such as 20GB"),
 ])
 def test_a_profile_s_mistake_is_named_whole(change: Any, path: str, problem: str, value: Any,
@@ -364,7 +369,7 @@ def test_a_profile_s_mistake_is_named_whole(change: Any, path: str, problem: str
 def test_a_component_name_that_is_no_string_is_refused() -> None:
     with pytest.raises(ConfigError, match="is not a component name") as caught:
         parse_profile({"version": 1, "components": {1: {"points": [ONE_POINT]}}})
-    assert caught.value.path == "profile: components.1"
+    assert (caught.value.path, caught.value.value) == ("profile: components.1", 1)
 
 
 def test_a_profile_without_components_has_none_and_says_so() -> None:
