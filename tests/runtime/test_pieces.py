@@ -4,6 +4,8 @@ number of threads and in parts of any length, and the copy-and-hash that reports
 from __future__ import annotations
 
 import os
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -98,3 +100,22 @@ def test_threads_are_half_the_cores_at_most_eight_and_one_below_four(
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     assert threads() == expected
     assert pieces.MAX_THREADS == 8
+
+
+@pytest.mark.time_limit(120)
+def test_a_process_forked_after_the_threads_ran_hashes_on_threads_of_its_own() -> None:
+    many, two = data_of(8 * PIECE), data_of(2 * PIECE)
+    assert tree_digest(many, 3) == definition(many.tobytes())  # this process's pool of 3 threads, idle now
+    child = os.fork()
+    if child == 0:  # the child: a pool inherited as it was counts its idle threads and starts none for two pieces
+        os._exit(0 if tree_digest(two, 3) == definition(two.tobytes()) else 1)
+    for _ in range(60_000):
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            break
+        threading.Event().wait(0.001)
+    else:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        pytest.fail("the forked child never finished hashing: its pool's threads were its parent's")
+    assert os.waitstatus_to_exitcode(status) == 0

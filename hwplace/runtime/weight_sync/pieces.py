@@ -32,6 +32,17 @@ _POOLS: dict[int, ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
 
+def _forgotten_in_child() -> None:
+    """A forked child has none of its parent's threads: its pools would take work and never run it."""
+    global _POOLS_LOCK  # the lock may have been held by a thread of the parent at the fork
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forgotten_in_child)
+
+
 def threads() -> int:
     """How many threads this process hashes (and copies) with: half its cores, at most :data:`MAX_THREADS`, one
     where it has fewer than 4."""
