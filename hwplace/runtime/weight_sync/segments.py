@@ -40,7 +40,7 @@ from hwplace.foundation.errors import WeightSyncError
 from hwplace.foundation.peer_files import KeptMappings, open_peer, peer_path
 from hwplace.runtime.weight_sync.buckets import DEFAULT_DIGEST, Hasher, aligned
 from hwplace.runtime.weight_sync.pieces import ALGORITHM as TREE
-from hwplace.runtime.weight_sync.pieces import copy_hashed, threads
+from hwplace.runtime.weight_sync.pieces import CHUNK, copy_hashed, threads
 
 HEADER = 64  # bytes before the first bucket: the stamp, then the write's progress
 ALIGN = 64  # each bucket starts at a multiple of this
@@ -48,7 +48,6 @@ MAGIC = 0x68777073_79_6E_63  # "hwpsync"
 STAMP = struct.Struct("<qqq")  # magic, version and the write's serial (0 and 0 while the source writes)
 WORD = struct.Struct("<q")
 WRITING, DONE = 24, 32  # header offsets: the serial of the write under way, the offset written up to so far
-CHUNK = 1 << 18  # a bucket is copied and hashed this many bytes at a time (they stay in cache in between)
 KEEP = 3  # a reader keeps its checking mappings of this many segments of a source (two take turns, mostly)
 
 
