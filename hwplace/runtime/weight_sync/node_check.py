@@ -33,7 +33,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from hwplace.runtime.weight_sync.buckets import Hasher
-from hwplace.runtime.weight_sync.segments import CHUNK, SegmentRef, progress, try_lock
+from hwplace.runtime.weight_sync.pieces import CHUNK
+from hwplace.runtime.weight_sync.segments import SegmentRef, progress, try_lock
 
 BOARD_BYTES = 64 * 1024  # the board: two halves, each a header, then digests, one per line
 POSTED, SEALED = 0, BOARD_BYTES // 2  # where the half a target posts its check in starts, and the source's
