@@ -94,6 +94,31 @@ def test_a_piece_that_cannot_be_copied_is_raised_on_any_number_of_threads() -> N
             copy_hashed(np.zeros(3 * PIECE - 5, dtype=np.uint8), source, lambda n: None, workers)
 
 
+@pytest.mark.time_limit(120)
+def test_when_a_piece_raises_no_other_piece_is_still_being_copied() -> None:
+    reading, raised, finished = threading.Event(), threading.Event(), []
+
+    class Source:  # piece 0 fails once piece 2 is being read; piece 2 is done only after that
+        def __len__(self) -> int:
+            return 3 * PIECE
+
+        def __getitem__(self, span: slice) -> np.ndarray:
+            if span.start == 0:
+                reading.wait(60)
+                raised.set()
+                raise ValueError("piece 0 cannot be read")
+            if span.start == 2 * PIECE:
+                reading.set()
+                raised.wait(60)
+                threading.Event().wait(0.05)  # still copying when piece 0 has failed
+                finished.append(span.start)
+            return np.zeros(span.stop - span.start, dtype=np.uint8)
+
+    with pytest.raises(ValueError, match="piece 0 cannot be read"):
+        copy_hashed(np.zeros(3 * PIECE, dtype=np.uint8), Source(), lambda n: None, 3)
+    assert finished == [2 * PIECE]  # copy_hashed raised only once the last piece was done
+
+
 @pytest.mark.parametrize(("cores", "expected"), [(1, 1), (2, 1), (3, 1), (4, 2), (5, 2), (16, 8), (64, 8)])
 def test_threads_are_half_the_cores_at_most_eight_and_one_below_four(
         monkeypatch: pytest.MonkeyPatch, cores: int, expected: int) -> None:

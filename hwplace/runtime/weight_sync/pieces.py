@@ -17,7 +17,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 with contextlib.suppress(ImportError):  # optional: xxhash, which the ray and torch extras bring (buckets.py
@@ -149,6 +149,8 @@ def copy_hashed(into: Any, source: Any, written: Callable[[int], None], workers:
                 prefix[0] = done
                 written(min(done * PIECE, size))
 
-    for _ in _pool(workers).map(one, range(count)):  # raises what a piece raised
-        pass
+    started = [_pool(workers).submit(one, index) for index in range(count)]
+    wait(started)  # a piece that raised leaves none being copied: the caller may give the segment to another write
+    for future in started:
+        future.result()  # raises what the first piece to fail raised
     return root([piece for piece in found if piece is not None])
