@@ -35,6 +35,7 @@ STEPS = [  # (module, attribute, label): what each worker records
     ("hwplace.runtime.weight_sync.segments", "SegmentPool._claim", "claim segment"),
     ("hwplace.runtime.weight_sync.segments", "_copy_hashed", "copy+hash bucket"),
     ("hwplace.runtime.weight_sync.source", "forewarn", "Writing note"),
+    ("hwplace.runtime.weight_sync.transports", "SameNode.seal", "seal"),
     ("hwplace.runtime.weight_sync.source", "deliver", "announce"),
     ("hwplace.runtime.weight_sync.receiver", "recv_pickle", "note received"),
     ("hwplace.runtime.weight_sync.transports", "check_while_written", "check while written"),

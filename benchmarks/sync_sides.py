@@ -18,6 +18,7 @@ import torch
 import hwplace
 
 MB = 10**6
+FOUND = "<found>"  # a value for SyncSide.setting: the attribute as it was found
 TIMES: dict[str, list[float]] = {}  # a worker's: seconds each profiled step took, by its name
 
 
@@ -59,6 +60,7 @@ class SyncSide(hwplace.Worker):
             self.device = "cuda:0"
         self.states: dict[int, dict[str, torch.Tensor]] = {}
         self.copies: dict[int, dict[str, torch.Tensor]] = {}
+        self.found: dict[tuple[str, str], Any] = {}  # what :meth:`setting` found each attribute set to
 
     def prepare(self, megabytes: int) -> int:
         """Make the state dict of ``megabytes`` and the tensors its copy goes into; returns torch's thread count."""
@@ -76,6 +78,17 @@ class SyncSide(hwplace.Worker):
             for part in path:
                 owner = getattr(owner, part)
             timed(owner, name, attribute)
+
+    def setting(self, changes: Sequence[tuple[str, str, Any]]) -> None:
+        """Set each ``(module, attribute, value)`` (``Class.name`` for a class's), the attribute's first value kept
+        as it was found: ``value`` :data:`FOUND` puts it back."""
+        for module, attribute, value in changes:
+            owner: Any = importlib.import_module(module)
+            *path, name = attribute.split(".")
+            for part in path:
+                owner = getattr(owner, part)
+            found = self.found.setdefault((module, attribute), getattr(owner, name))
+            setattr(owner, name, found if value == FOUND else value)
 
     def timings(self) -> dict[str, tuple[int, float]]:
         """Each profiled step's calls and their median in ms since the last call; then forgets them."""
