@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import hwplace
+from hwplace.runtime.messaging.communicator import byte_view
 from hwplace.runtime.weight_sync import buckets as buckets_module
 from hwplace.runtime.weight_sync.buckets import Entry, Hasher, check, digest, layout, pack, pack_raw, unpack
 from hwplace.runtime.weight_sync.buckets import sizes as bucket_sizes
@@ -295,3 +296,35 @@ def test_raw_buckets_are_the_digested_ones_without_their_digests() -> None:
     raw_entries, raw = pack_raw(state, 1 << 20)
     assert raw_entries == entries
     assert [(b.tobytes(), digest(b)) for b in raw] == [(b.tobytes(), d) for b, d in pairs]
+
+
+def test_tensors_off_host_memory_are_brought_there_a_bucket_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state dict on an accelerator is copied to host memory only as each bucket is filled, never whole. Here
+    every tensor is treated as off host memory (the copy to it is then a no-op), so the path runs on a CPU."""
+    state = {"big": torch.arange(600_000, dtype=torch.float32),  # 2.4 MB: a bucket of its own
+             "small": torch.arange(10, dtype=torch.int64), "t": torch.arange(12.0).reshape(3, 4).t(),  # not contiguous
+             "arr": np.arange(5, dtype=np.int16), "param": torch.nn.Parameter(torch.ones(4)),
+             "last": torch.full((400_000,), 7.0)}  # 1.6 MB: a bucket of its own
+    host_entries, host_buckets = pack_raw(state, 1 << 20)
+    expected = [bytes(b) for b in host_buckets]
+    brought: list[int] = []
+    def recorded(tensor: Any) -> Any:
+        brought.append(tensor.numel())
+        return byte_view(tensor)
+
+    monkeypatch.setattr(buckets_module, "in_host_memory", lambda tensor: False)
+    monkeypatch.setattr(buckets_module, "byte_view", recorded)
+    entries, raw = pack_raw(state, 1 << 20)
+    assert entries == host_entries
+    assert brought == []  # nothing copied before the first bucket is asked for
+    got = []
+    for bucket in raw:
+        got.append(bytes(bucket))
+        assert isinstance(bucket, np.ndarray)
+        if len(got) == 1:
+            assert brought == [600_000]  # only the first bucket's tensor
+    assert sorted(brought) == sorted([600_000, 10, 12, 4, 400_000])  # each tensor once; the numpy array is host's
+    assert got == expected
+    rebuilt = unpack(entries, [np.frombuffer(b, dtype=np.uint8) for b in got])
+    assert torch.equal(rebuilt["t"], state["t"])
+    assert isinstance(rebuilt["param"], torch.nn.Parameter)

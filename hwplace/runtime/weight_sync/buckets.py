@@ -3,6 +3,8 @@
 A state dict travels as buckets (flat byte buffers of at most ``bucket_bytes``, or one tensor alone when it is
 larger), so sending a large model never needs a second full copy of it in flight. A tensor of at least
 ``ALONE_BYTES`` gets a bucket of its own, which is the tensor's own memory: packing copies only small tensors.
+A tensor on an accelerator is copied to host memory as its bucket is filled, so a state dict on a GPU is in host
+memory a bucket at a time, never whole.
 Each bucket carries a digest that the receiver checks before a version becomes visible: XXH3-128 (the
 ``xxhash`` package, which the ray and torch extras bring: 35 GB/s on this project's 2-core machine, against
 zlib's CRC-32 at 6 GB/s and SHA-256's 1.2 to 1.8 GB/s, which made hashing most of a 100 MB sync's time) of the
@@ -201,9 +203,12 @@ def carried(name: Any, value: Any) -> Any:
 
 
 def flat_bytes(name: Any, value: Any) -> tuple[str, Any, tuple[int, ...], Any, bool]:
-    """``(kind, dtype, shape, uint8 array, requires_grad)`` of a tensor (moved to host memory) or a numpy array,
-    without a copy where it is already contiguous in host memory. ``kind`` is ``"numpy"`` (``dtype``: numpy's
-    dtype string, or the dtype itself when it has fields), ``"torch"`` or ``"parameter"`` (an ``nn.Parameter``)."""
+    """``(kind, dtype, shape, flat, requires_grad)`` of a tensor or a numpy array. ``flat``: its bytes as a uint8
+    numpy array where they are in host memory (without a copy where they are contiguous), else the tensor as it is
+    (on an accelerator), brought to host memory only when its bucket is filled (:func:`host_bytes`,
+    :func:`copy_bytes`): a state dict on a GPU is in host memory a bucket at a time, not whole. ``kind`` is
+    ``"numpy"`` (``dtype``: numpy's dtype string, or the dtype itself when it has fields), ``"torch"`` or
+    ``"parameter"`` (an ``nn.Parameter``)."""
     import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
 
     value = carried(name, value)
@@ -214,9 +219,36 @@ def flat_bytes(name: Any, value: Any) -> tuple[str, Any, tuple[int, ...], Any, b
     import torch  # noqa: PLC0415 (optional: torch)
 
     kind = "parameter" if isinstance(value, torch.nn.Parameter) else "torch"
-    tensor = value.detach().cpu()
-    return kind, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), byte_view(tensor).numpy(), \
-        value.requires_grad
+    tensor = value.detach()
+    flat = byte_view(tensor).numpy() if in_host_memory(tensor) else tensor
+    return kind, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), flat, value.requires_grad
+
+
+def in_host_memory(tensor: Any) -> bool:
+    """Whether a tensor's bytes are read where they lie (host memory), or copied there when their bucket is
+    filled."""
+    return bool(tensor.device.type == "cpu")
+
+
+def host_bytes(flat: Any) -> Any:
+    """A :func:`flat_bytes` ``flat`` as a uint8 numpy array in host memory (a tensor on an accelerator copied
+    there)."""
+    import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
+
+    return flat if isinstance(flat, np.ndarray) else byte_view(flat.cpu()).numpy()
+
+
+def copy_bytes(into: Any, flat: Any) -> None:
+    """Copy a :func:`flat_bytes` ``flat`` into ``into`` (a uint8 numpy array of its size): a tensor on an
+    accelerator straight from there."""
+    import numpy as np  # noqa: PLC0415 (optional: numpy, which the ray and torch extras bring)
+
+    if isinstance(flat, np.ndarray):
+        into[:] = flat
+        return
+    import torch  # noqa: PLC0415 (optional: torch; a flat that is a tensor came with it)
+
+    torch.from_numpy(into).copy_(byte_view(flat))
 
 
 def rebuilt(tensor: Any, kind: str, requires_grad: bool) -> Any:
@@ -268,11 +300,11 @@ def pack_raw(state_dict: Mapping[str, Any], bucket_bytes: int) -> tuple[list[Ent
                 end += 1
             holding = [i for i in range(start, end) if entries[i].nbytes]
             if len(holding) == 1:  # one tensor holds every byte: the bucket is its own memory, no copy
-                yield flats[holding[0]][4]
+                yield host_bytes(flats[holding[0]][4])
             else:
                 bucket = np.empty(size, dtype=np.uint8)
-                for i in range(start, end):
-                    bucket[entries[i].offset : entries[i].offset + entries[i].nbytes] = flats[i][4]
+                for i in holding:
+                    copy_bytes(bucket[entries[i].offset : entries[i].offset + entries[i].nbytes], flats[i][4])
                 yield bucket
             start = end
 
