@@ -44,6 +44,7 @@ from hwplace.runtime.weight_sync.receiver import Receiver
 from hwplace.runtime.weight_sync.relay import Relay, relayed_dead
 from hwplace.runtime.weight_sync.source import Source
 from hwplace.runtime.weight_sync.transports import SameDevice, SameNode, choose, source_device
+from hwplace.runtime.weight_sync.versions import continued_version, note_continued, version_key
 
 
 class _State:
@@ -73,19 +74,6 @@ def _states() -> dict[str, _State]:
 _STATES_LOCK = threading.Lock()
 
 
-def version_key(uid: str) -> str:
-    """The rendezvous key where a sync's source notes each version it publishes, for a restarted one to go on."""
-    return f"wsync/{uid}/version"
-
-
-def continued_version(rendezvous: Rendezvous, uid: str) -> int:
-    """The newest version a sync's earlier source processes published (0 when none did)."""
-    try:
-        return int(rendezvous.kv_wait(version_key(uid), 0))
-    except TimeoutError:
-        return 0
-
-
 def noted_version(sync: WeightSync, rendezvous: Rendezvous) -> int:
     """The newest version ``sync``'s source noted (before sending it), read from anywhere, the driver too: what a
     snapshot records, for a resumed job's source to go on from (0 when none was published)."""
@@ -95,7 +83,7 @@ def noted_version(sync: WeightSync, rendezvous: Rendezvous) -> int:
 def note_version(sync: WeightSync, rendezvous: Rendezvous, version: int) -> None:
     """Before ``sync``'s source first publishes: its versions go on from ``version`` (a resumed job's, from its
     snapshot), never back below one noted already."""
-    rendezvous.kv_put(version_key(sync._uid), str(max(version, continued_version(rendezvous, sync._uid))).encode())
+    note_continued(rendezvous, sync._uid, version)
 
 
 class WeightSync:
