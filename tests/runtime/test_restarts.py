@@ -6,6 +6,8 @@ says each rank's state. Waits have no timeout of their own: the module's limit i
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
 import io
 import os
 import signal
@@ -289,3 +291,89 @@ def test_a_rank_killed_holding_taken_items_gives_them_back_and_its_new_process_t
     finally:
         channel.close()
         takers.shutdown()
+
+
+class Gated(Talker):
+    """Its restarted processes come back only once the test lets them: ``on_restart`` waits for a file."""
+
+    def __init__(self, gate: str) -> None:
+        super().__init__()
+        self.gate = gate
+
+    def on_restart(self, info: Any) -> None:
+        while not os.path.exists(self.gate):  # the module's limit bounds it
+            time.sleep(0.02)
+        super().on_restart(info)
+
+    def recv_within(self, group: str, rank: int, timeout: float) -> tuple[str, Any]:
+        try:
+            return "received", self.recv(group, rank, timeout=timeout)
+        except TimeoutError as exc:
+            return "TimeoutError", str(exc)
+
+
+def test_a_rank_coming_back_is_restarting_holds_its_lease_and_a_recv_from_it_waits_within_its_timeout(
+        cluster: hwplace.Cluster, tmp_path: Any) -> None:
+    gate = str(tmp_path / "gate")
+    plan = hwplace.ComponentPlacement(cluster.config, cluster)
+    gated = Gated.create_group(gate).launch(cluster, plan.get_strategy("pair"), name="gated",
+                                            restart=hwplace.Restart(max_restarts=1))
+    try:
+        first = gated.execute_on(0).recv_from("gated", 1)  # a pair connects once both ends use it
+        gated.execute_on(1).send_to("gated", 0, "before").wait()
+        assert first.wait() == [(0, "before")]
+        os.kill(gated.execute_on(1).pid().wait()[0], signal.SIGKILL)
+        while gated.status()[1].state != "restarting":  # and it stays so: its on_restart waits for the gate
+            time.sleep(0.05)
+        status = gated.status()
+        assert (status[0].state, status[1].state) == ("serving", "restarting")
+        assert "died" in status[1].cause
+        shown = cluster.executor().cluster_status(None)  # type: ignore[attr-defined]  # hwplace status's source
+        text = io.StringIO()
+        print_status(shown, text)
+        assert "gated rank 1: restarting" in text.getvalue()
+        # its devices stay leased to this job while it comes back
+        assert sorted(lease["ranks"][0] for lease in shown["leases"] if lease["group"] == "gated") == [0, 1]
+        # a recv from it waits for it within its timeout: a TimeoutError naming the peer, not a WorkerError
+        [(outcome, message)] = gated.execute_on(0).recv_within("gated", 1, 1.0).wait()
+        assert outcome == "TimeoutError"
+        assert "recv from group 'gated' rank 1" in message
+        assert gated.status()[1].state == "restarting"
+        open(gate, "w").close()
+        restarted(gated, 1)
+        waiting = gated.execute_on(0).recv_within("gated", 1, 120.0)
+        gated.execute_on(1).send_to("gated", 0, "after").wait()  # the new process
+        assert waiting.wait() == [("received", (1, "after"))]
+    finally:
+        gated.shutdown()
+
+
+class Crashing(Service):
+    def exit_badly(self) -> None:
+        os._exit(3)
+
+    def segfault(self) -> None:
+        faulthandler.disable()  # no traceback dump: the process ends on the signal itself
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+def test_a_rank_that_exits_or_crashes_comes_back_in_place_as_a_killed_one_does(cluster: hwplace.Cluster) -> None:
+    strategy = hwplace.ComponentPlacement(cluster.config, cluster).get_strategy("other")
+    group = Crashing.create_group("t").launch(cluster, strategy, name="crashing",
+                                              restart=hwplace.Restart(max_restarts=2))
+    try:
+        before = group.execute_on(0).who().wait()[0]
+        for used, end in enumerate(("exit_badly", "segfault"), start=1):
+            with pytest.raises(hwplace.WorkerError, match=r"has died.*it is being restarted") as caught:
+                getattr(group.execute_on(0), end)().wait()
+            assert caught.value.restarted is True
+            restarted(group, 0, used)
+            after = group.execute_on(0).who().wait()[0]
+            assert after["pid"] != before["pid"]
+            assert after["env"] == before["env"]  # the same placement
+            assert after["restarted_with"][:2] == (0, used)
+            before = after
+        status = group.status()
+        assert [(s.state, s.restarts) for s in status] == [("serving", 2), ("serving", 0)]
+    finally:
+        group.shutdown()
