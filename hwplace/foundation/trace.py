@@ -14,7 +14,8 @@ A line is either the process's track (``{"track": {...}}``: who it is, written f
 Categories: ``call`` (a group call, named after the method), ``wait`` (blocked on a channel, a turn or a
 weight version), ``turn`` (holding a turn), ``memory`` (offload and onload), ``sync`` (weight publish and
 apply), ``idle`` (``between calls``: no group call running, from the end of the last to the start of the next,
-so the driver's own time between calls shows on the worker's track too). :func:`user_span` is ``hwplace.span``:
+so the driver's own time between calls shows on the worker's track too), ``restart`` (a restarted rank's new
+process coming back, until it serves). :func:`user_span` is ``hwplace.span``:
 the same span for a job's own code, in the categories a job may record (a collective as a ``wait``). Imports
 :mod:`hwplace.foundation.errors`; torch only when it is already imported (peak memory of CUDA calls).
 """
@@ -35,8 +36,8 @@ from typing import Any, TypeVar
 
 from hwplace.foundation.errors import ConfigError
 
-CALL, WAIT, TURN, MEMORY, SYNC, IDLE = "call", "wait", "turn", "memory", "sync", "idle"
-CATEGORIES = (CALL, WAIT, TURN, MEMORY, SYNC, IDLE)
+CALL, WAIT, TURN, MEMORY, SYNC, IDLE, RESTART = "call", "wait", "turn", "memory", "sync", "idle", "restart"
+CATEGORIES = (CALL, WAIT, TURN, MEMORY, SYNC, IDLE, RESTART)
 BETWEEN_CALLS = "between calls"  # the idle span from the end of a worker's calls to the start of its next one
 USER_CATEGORIES = (WAIT, SYNC, MEMORY)  # what a job's own spans may be: the rest is the runtime's to record
 FLUSH_AT = 4096  # spans buffered before they are written, whatever the calls do

@@ -1,6 +1,7 @@
 """Hosting a worker in its process: what an executor runs there.
 
-:func:`start_worker` sets the environment, loads the class and constructs it; :func:`run_method` (or
+:func:`start_worker` sets the environment, loads the class and constructs it (a restarted rank inside a ``restart``
+span of the timeline: here, where the worker's own process records its spans); :func:`run_method` (or
 :func:`run_method_async`) runs each call and turns any exception into a :class:`RemoteFailure`, so that an
 executor never loses a traceback and never kills the process over it. Imports the layers below and
 :mod:`hwplace.runtime.worker`.
@@ -25,6 +26,8 @@ from hwplace.foundation.settings import read_log_level, read_trace_dir
 from hwplace.foundation.wording import first_line
 from hwplace.plugin.session import session
 from hwplace.runtime.worker import Worker
+
+RESTART_SPAN = "restart"  # a restarted rank's new process, from loading its class until it serves
 
 
 @dataclass(frozen=True)
@@ -81,16 +84,20 @@ def start_worker(
 
     The environment is set before ``load_class`` runs, so modules the class imports see it. A restarted rank
     (``context.attempt`` above 0) then runs ``on_restart(info)`` when its class defines it. Anything the
-    loading, the constructor or ``on_restart`` raises comes back as a :class:`RemoteFailure`.
+    loading, the constructor or ``on_restart`` raises comes back as a :class:`RemoteFailure`. While tracing, a
+    restarted rank's track has a ``restart`` span from before its class is loaded until it serves (or failed).
     """
     os.environ.update(context.env)
     here = session()
     here.worker = context
     if context.executor:
         here.set_executor(context.executor)
+    restarting = None
     try:
         _configure_logging()
         _start_tracing(context)
+        if context.attempt:
+            restarting = trace.begin(RESTART_SPAN, trace.RESTART)
         cls = load_class()
         if not (isinstance(cls, type) and issubclass(cls, Worker)):
             raise TypeError(f"{cls!r} is not a subclass of hwplace.Worker")
@@ -103,8 +110,19 @@ def start_worker(
             with trace.call_span("on_restart"):
                 on_restart(RestartInfo(context.rank, context.attempt, context.cause))
     except BaseException as exc:  # a constructor calling sys.exit must not take the process down unreported
-        return RemoteFailure.capture(exc)
+        failure = RemoteFailure.capture(exc)
+        _restarted(restarting, context, failed=failure.summary)
+        return failure
+    _restarted(restarting, context)
     return worker
+
+
+def _restarted(started: tuple[str, str, int] | None, context: WorkerContext, **notes: str) -> None:
+    """End a restarted rank's ``restart`` span (begun when tracing, else ``None``) with its ``attempt`` and
+    ``cause``, and write it at once: its process may die again before its first call ends."""
+    if started is not None:
+        trace.end(started, attempt=context.attempt, cause=context.cause, **notes)
+        trace.flush()
 
 
 def _start_tracing(context: WorkerContext) -> None:

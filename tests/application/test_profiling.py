@@ -1,11 +1,13 @@
 """Profiles: one point per component, its stages' seconds per step on the slowest rank (group calls made every step,
 or running through the run, less their waits on other components, offloads, onloads and weight syncs; a
 collective's wait counts), the driver's time between two steps, offload and onload, memory measured (CUDA peaks in
-the span arguments) or else declared, and each weight sync's bytes."""
+the span arguments, as a traced call records them) or else declared, and each weight sync's bytes."""
 
 from __future__ import annotations
 
 import statistics
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from traces import write_worker
 from hwplace.application.profiling import build_profile
 from hwplace.application.timeline import merge
 from hwplace.config.resources import ComponentResources
+from hwplace.foundation import trace
 
 GIB = 1 << 30
 
@@ -142,3 +145,46 @@ def test_the_step_is_measured_on_every_rank_of_the_most_called_group_call(tmp_pa
     write_worker(tmp_path, "env", 0, [("score", "call", 100 * i, 100 * i + 50) for i in range(3)])
     assert build_profile(merge(tmp_path))["run"] == {"call": "trainer.step", "steps": 4,
                                                       "step_seconds": pytest.approx(0.1025)}
+
+
+class PeakingCuda:
+    """``torch.cuda`` as the recorder sees it: initialized, a peak that a reset clears and a call sets, and what is
+    held now."""
+
+    def __init__(self) -> None:
+        self.peak = self.held = self.resets = 0
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def reset_peak_memory_stats(self) -> None:
+        self.resets += 1
+        self.peak = 0
+
+    def max_memory_allocated(self) -> int:
+        return self.peak
+
+    def memory_allocated(self) -> int:
+        return self.held
+
+
+def test_a_traced_call_records_its_cuda_peak_which_the_profile_keeps_as_its_phase(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    cuda = PeakingCuda()
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))  # torch, imported, with CUDA up
+    trace.start(str(tmp_path), {"group": "trainer", "rank": 0, "node": 0, "devices": ["fake-accelerator 0"]})
+    try:
+        for peak in (3 * GIB, 5 * GIB, 4 * GIB):
+            with trace.call_span("step"):
+                cuda.peak, cuda.held = peak, GIB
+                with trace.span("offload", trace.MEMORY) as offloading:  # as the turn client records it
+                    offloading.args.update(trace.memory_held())
+    finally:
+        trace.stop()
+    assert cuda.resets == 3  # each call's peak is its own
+    merged = merge(tmp_path)
+    steps = [e for e in merged["traceEvents"] if e["ph"] == "X" and e["name"] == "step"]
+    assert [e.get("args") for e in steps] == [{"peak_memory_bytes": n * GIB} for n in (3, 5, 4)]
+    declared = (ComponentResources("trainer", {"step": 50 * GIB}),)  # measured wins
+    (point,) = build_profile(merged, declared)["components"]["trainer"]["points"]
+    assert point["memory"] == {"offloaded": GIB, "step": 5 * GIB}

@@ -1,5 +1,6 @@
 """``hwplace run`` on the process executor (no Ray): what the job is named, its devices leased before any of
-its groups launches, and what the entry point returns."""
+its groups launches, a plan whose memory does not fit its devices refused before the entry point runs, and what the
+entry point returns."""
 
 from __future__ import annotations
 
@@ -139,3 +140,28 @@ def test_a_group_that_uses_up_its_restarts_ends_the_job_with_its_last_cause(tmp_
     assert "restarts in place: 2 restarts per rank" in out
     assert "group 'doomed' rank 1 on node 0: the worker process died" in err, err
     assert "its restarts are used up (2 of 2)" in err, err
+
+
+OVERSIZED = CONFIG + """\
+resources:
+  first: {memory: {train: 50GiB}}
+"""
+
+
+@pytest.mark.parametrize("simulated", [False, True], ids=["live-cluster", "nodes-option"])
+def test_a_plan_whose_memory_does_not_fit_exits_2_naming_it_and_never_calls_the_entry_point(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, simulated: bool) -> None:
+    config = write_job(tmp_path, "big.yaml", OVERSIZED, entry=ENTRY)
+    if simulated:  # an offline inventory reads the variable here
+        monkeypatch.setenv("HWPLACE_FAKE_ACCELERATOR_MEMORY", "48GiB")
+        code, out, err = run_job(str(config), "--nodes", "1x4")
+    else:  # the live cluster's nodes detect their devices with it
+        with process_cluster(1, 4, env_vars={"HWPLACE_FAKE_ACCELERATOR_MEMORY": "48GiB"}):
+            code, out, err = run_job(str(config))
+    assert code == 2, err
+    assert err == ("hwplace: error: fake-accelerator 0 of node 0 does not hold its peak: 50 GiB (53687091200 bytes) "
+                   "when first is in phase 'train' (first train 50 GiB), but the device has 48 GiB (51539607552 "
+                   "bytes); 1 more device does not fit either; lower the figures of resources:, give a component "
+                   "offloaded: or idle: and take turns, or place the components on other devices\n")
+    assert not (tmp_path / "called").exists()  # the entry point never ran
+    assert "first" not in out  # nor was a plan printed as if it would run

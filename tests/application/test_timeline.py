@@ -1,12 +1,14 @@
 """The timeline: worker files merged into a Chrome / Perfetto trace, and ``hwplace run --trace/--profile`` on a small
-colocated job of the process executor (channel waits, turns, weight publish and latest), whose spans cover each
-worker's group calls."""
+colocated job of the process executor (channel waits, turns, weight publish, latest and load_into), whose spans cover
+each worker's group calls; and a rank killed and restarted in place under tracing, whose new process's track has one
+``restart`` span."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import signal
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -65,7 +67,18 @@ class Trainer(Sharer):
         return len(batch)
 
 
+class Module:
+    """What ``WeightSync.load_into`` loads into: anything with ``load_state_dict`` (no torch needed)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+
 class Rollout(Sharer):
+    def load(self, sync: hwplace.WeightSync) -> list[int]:
+        """Rank r loads the newest weights r + 1 times: the versions loaded."""
+        return [sync.load_into(Module(), min_version=STEPS, timeout=60) for _ in range(self.rank + 1)]
+
     def generate(self, sync: hwplace.WeightSync, experience: hwplace.Channel, steps: int) -> int:
         for version in range(1, steps + 1):
             weights = sync.latest(min_version=version, timeout=60)
@@ -77,7 +90,7 @@ class Rollout(Sharer):
 
 def traced_job(job: hwplace.Job) -> dict[str, Any]:
     """The job the run test traces: two trainer and two rollout ranks taking turns on two accelerators; returns how
-    often each rank's offload() and onload() ran."""
+    often each rank's offload() and onload() ran, and the versions each rollout rank loaded (load_into) at the end."""
     experience = hwplace.Channel.create("experience", maxsize=4)
     trainer = job.launch(Trainer, "trainer")
     rollout = job.launch(Rollout, "rollout")
@@ -87,7 +100,8 @@ def traced_job(job: hwplace.Job) -> dict[str, Any]:
     for step in range(1, STEPS + 1):
         trainer.step(sync, experience, step).wait(timeout=60)
     producing.wait(timeout=60)
-    return {"trainer": trainer.hook_calls().wait(timeout=60), "rollout": rollout.hook_calls().wait(timeout=60)}
+    return {"trainer": trainer.hook_calls().wait(timeout=60), "rollout": rollout.hook_calls().wait(timeout=60),
+            "loaded": rollout.load(sync).wait(timeout=60)}
 
 
 def test_merge_names_a_process_per_node_and_a_track_per_worker_thread(tmp_path: Path) -> None:
@@ -176,6 +190,11 @@ def test_a_traced_run_has_a_span_for_every_call_wait_turn_and_weight_version(tmp
                 assert by_worker[group, rank][f"memory:{hook}"] == hooks[group][rank][hook]
     assert by_worker["trainer", 0]["sync:weights.publish"] == STEPS + 1
     assert by_worker["trainer", 1]["sync:weights.publish"] == 0
+    newest = STEPS + 1  # attach published version 1, each step one more
+    assert hooks["loaded"] == [[newest], [newest, newest]]  # rank r loaded r + 1 times: a span for each load_into
+    assert [by_worker["rollout", rank]["sync:weights.load_into"] for rank in (0, 1)] == [1, 2]
+    assert [by_worker["trainer", rank]["sync:weights.load_into"] for rank in (0, 1)] == [0, 0]
+    assert all(e["args"] == {"sync": "policy"} for e in spans if e["name"] == "weights.load_into")
     for (group, rank), _counts in by_worker.items():  # every span but the time between calls lies inside a group call
         calls = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["cat"] == "call"
                  and tracks[f"{e['pid']}:{e['tid']}"]["group"] == group
@@ -201,3 +220,52 @@ def test_a_traced_run_has_a_span_for_every_call_wait_turn_and_weight_version(tmp
     assert rollout_point["memory"] == {"generate": 2 << 30, "offloaded": 1 << 30}  # declared: fakes report none
     for point, group in ((trainer_point, "trainer"), (rollout_point, "rollout")):
         assert ("offload" in point) == any(hooks[group][rank]["offload"] for rank in (0, 1))
+
+
+class Restartable(hwplace.Worker):
+    """A worker without ``on_restart``: a restarted rank's ``restart`` span is recorded all the same."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def die(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.time_limit(240)
+def test_a_rank_killed_and_restarted_has_one_restart_span_naming_its_cause_and_attempt(tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    with process_cluster(1, 2, cluster_cfg={"component_placement": {"svc": "0-1"}}) as cluster, \
+            recording(str(trace_file), None):
+        strategy = hwplace.ComponentPlacement(cluster.config, cluster).get_strategy("svc")
+        group = Restartable.create_group().launch(cluster, strategy, name="svc", restart=hwplace.Restart(1))
+        try:
+            before = group.pid().wait(timeout=60)
+            with pytest.raises(hwplace.WorkerError, match="it is being restarted"):
+                group.execute_on(1).die().wait(timeout=60)
+            while group.status()[1].state != "serving":  # the module's limit bounds the wait
+                time.sleep(0.05)
+            after = group.pid().wait(timeout=60)  # a call that reaches the new process: it serves
+            cause = group.status()[1].cause
+        finally:
+            group.shutdown()
+    assert after[0] == before[0]
+    assert after[1] != before[1]
+    trace = json.loads(trace_file.read_text())
+    tracks = trace["otherData"]["hwplace"]["tracks"]
+    restarts = [(tracks[f"{e['pid']}:{e['tid']}"], e) for e in trace["traceEvents"]
+                if e["ph"] == "X" and e["name"] == "restart"]
+    assert len(restarts) == 1, restarts  # none on rank 0, nor on rank 1's first process
+    track, span = restarts[0]
+    assert (track["group"], track["rank"], track["os_pid"]) == ("svc", 1, after[1])  # the new process's track
+    assert span["cat"] == "restart"
+    assert span["args"] == {"attempt": 1, "cause": cause}
+    assert "the worker process died" in cause
+    new_calls = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == span["pid"]
+                 and e["tid"] == span["tid"] and e["cat"] == "call"]
+    constructor = next(e for e in new_calls if e["name"] == "__init__")
+    assert "on_restart" not in {e["name"] for e in new_calls}  # the class defines none
+    end = span["ts"] + span["dur"]  # the restart covers the constructor, and ends before the first call (in µs)
+    assert span["ts"] <= constructor["ts"] + 0.001
+    assert constructor["ts"] + constructor["dur"] <= end + 0.001
+    assert end <= min(e["ts"] for e in new_calls if e["name"] != "__init__") + 0.001

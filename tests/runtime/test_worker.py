@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import pickle
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,8 @@ import pytest
 import hwplace
 from hwplace import HwplaceError, WorkerError
 from hwplace.contracts.records import WorkerContext
+from hwplace.foundation import trace
+from hwplace.foundation.settings import TRACE_DIR
 from hwplace.runtime.hosting import RemoteFailure, find_method, run_method, run_method_async, start_worker
 from hwplace.runtime.worker import Worker
 from hwplace.testing import fake_cluster
@@ -167,6 +171,30 @@ def test_constructor_calling_exit_comes_back_as_a_failure() -> None:
     failure = failure_of(start_worker(lambda: Exits, context(), (), {}))
     assert failure.summary == "SystemExit: 3"
     assert "raise SystemExit(3)" in failure.traceback
+
+
+def test_a_restarted_rank_s_start_is_a_restart_span_with_its_attempt_and_cause_even_when_it_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TRACE_DIR, str(tmp_path))  # start_worker sets it from the context: restored afterwards
+    env = {TRACE_DIR: str(tmp_path)}
+    restarted = WorkerContext("train", 3, 4, placements()[3], env, attempt=2, cause="it was killed")
+    try:
+        assert isinstance(start_worker(lambda: Adder, context(env=env), (1,), {}), Adder)  # a first process: none
+        assert isinstance(start_worker(lambda: Adder, restarted, (1,), {}), Adder)  # no on_restart: one all the same
+        failed = failure_of(start_worker(lambda: Broken, restarted, (), {}))
+    finally:
+        trace.stop()
+    (file,) = tmp_path.glob("*.jsonl")
+    spans = [line for line in map(json.loads, file.read_text().splitlines()) if "n" in line]
+    restarts = [span for span in spans if span["n"] == "restart"]
+    assert [(span["c"], span["a"]) for span in restarts] == [
+        ("restart", {"attempt": 2, "cause": "it was killed"}),
+        ("restart", {"attempt": 2, "cause": "it was killed", "failed": failed.summary})]
+    constructors = [span for span in spans if span["n"] == "__init__"]
+    assert len(constructors) == 3
+    for restart, constructor in zip(restarts, constructors[1:], strict=True):  # each restart covers its constructor
+        assert restart["ts"] <= constructor["ts"]
+        assert constructor["ts"] + constructor["d"] <= restart["ts"] + restart["d"]
 
 
 def test_wrong_constructor_arguments_come_back_as_a_failure() -> None:
