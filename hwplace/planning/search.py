@@ -180,8 +180,9 @@ class _State:
                 reason = reason or exc.reason
                 continue
             slots = tuple(Slot(n, p.processes, p.devices_per_process, p) for n, p, _ in members)
-            if not self._source_rank_fits(slots):
-                reason = reason or "a weight sync's source_rank is beyond the source's processes"
+            beyond = self._source_rank_beyond(slots)
+            if beyond:
+                reason = reason or beyond
                 continue
             held = [(m, 1) for _, _, m in members if m is not None]
             by_size[size] = (seconds, peak(held)[0] if held else None, slots)
@@ -202,9 +203,16 @@ class _State:
             best_below[size] = least
         return _Block(names, by_size, best_below, None if by_size else reason, syncs, floor, spreads)
 
-    def _source_rank_fits(self, slots: tuple[Slot, ...]) -> bool:
+    def _source_rank_beyond(self, slots: tuple[Slot, ...]) -> str:
+        """Why a weight sync's source rank has no process among ``slots`` (its key, value and the source's
+        processes there), or ``""``."""
         processes = {s.component: s.processes for s in slots}
-        return all(spec.source_rank < processes[spec.source] for spec, _ in self.syncs if spec.source in processes)
+        for spec, _ in self.syncs:
+            if spec.source in processes and spec.source_rank >= processes[spec.source]:
+                count = processes[spec.source]
+                return (f"weight_sync.{spec.name}.source_rank is {spec.source_rank}, beyond {spec.source}'s "
+                        f"{count} process{'' if count == 1 else 'es'} there")
+        return ""
 
     def best(self, layout: tuple[tuple[str, ...], ...]) -> Candidate:
         blocks = [self._block(names) for names in layout]

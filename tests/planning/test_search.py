@@ -420,3 +420,249 @@ def test_each_size_takes_the_fastest_of_the_accelerators_per_process_measured() 
     best = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=3), make_profile(rollout=slow)).best
     assert best.cells is not None
     assert ([(s.processes, s.devices_per_process) for s in best.cells[0].slots], best.step_seconds) == ([(3, 1)], 4.0)
+
+
+def test_the_result_describes_the_accelerators_searched() -> None:
+    job = job_of(["trainer", "rollout"])
+    result = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=4),
+                               make_profile(trainer=TRAINER, rollout=ROLLOUT))
+    assert (result.devices, result.description) == (4, "group 'cluster' has 4 fake-accelerator resources")
+
+
+def test_a_layout_predicted_to_take_no_time_ranks_first() -> None:
+    """Apart, two components of 0 s take 0 s; colocated, their turns cost 0.4 s."""
+    free = {"points": [{"processes": 1, "stages": {"work": {"seconds": 0.0}}, "offload": {"seconds": 0.1},
+                        "onload": {"seconds": 0.1}}]}
+    job = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": {"a": "0", "b": "1"}}})
+    result = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=2), make_profile(a=free, b=free))
+    assert [(c.label, c.step_seconds) for c in result.candidates] == [("a | b", 0.0), ("a,b", pytest.approx(0.4))]
+
+
+def test_the_written_placement_of_the_searched_components_is_not_checked_against_the_cluster() -> None:
+    """The trainer and the rollout are written on accelerators the cluster lacks: the search places them anew,
+    and only the env, which keeps its placement, is placed as written."""
+    job = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": {
+        "trainer": "0-7", "rollout": "8-15", "env": {"node_group": "node", "placement": "0:0-1"}}},
+        "weight_sync": {"policy": {"source": "trainer", "targets": ["rollout"]}}})
+    result = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=2),
+                               make_profile(trainer=TRAINER, rollout=ROLLOUT))
+    assert result.best.label == "trainer,rollout"
+    assert result.fixed == {"env": '{node_group: node, placement: "0:0-1"}'}
+
+
+def test_accelerators_that_report_no_capacity_take_any_memory() -> None:
+    names = ["trainer", "rollout"]
+    cluster = cluster_of(names, [2])
+    nodes = [dataclasses.replace(node, hardware={kind: tuple(dataclasses.replace(d, properties={}) for d in devices)
+                                                 for kind, devices in node.hardware.items()})
+             for node in cluster.nodes]
+    unknown = Cluster(cluster.config, nodes=nodes, plugin_manager=cluster.plugin_manager)
+    big = {"points": [point(1, "train", 1.0, {"train": "500GiB"})]}
+    best = search_placements(job_of(names), unknown, make_profile(trainer=big, rollout=big)).best
+    assert (best.label, best.peak) == ("trainer | rollout", 500 * 2**30)
+
+
+def test_a_cell_fits_only_where_its_least_accelerator_holds_its_peak() -> None:
+    """Eight accelerators, one of them smaller: a cell on all eight fits only if that one holds its peak."""
+    eight = {"points": [point(8, "generate", 1.0, {"generate": "50GiB"})]}
+    job = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": {"rollout": "0-7"}}})
+    profile = make_profile(rollout=eight)
+    with pytest.raises(PlacementError, match=r"^no placement of rollout on 8 accelerators fits: rollout: no split"):
+        search_placements(job, cluster_of(["trainer", "rollout"], [8], [80] * 7 + [40]), profile)
+    best = search_placements(job, cluster_of(["trainer", "rollout"], [8], [80] * 7 + [60]), profile).best
+    assert best.cells is not None
+    assert [(c.first, c.size, c.peak) for c in best.cells] == [(0, 8, 50 * 2**30)]
+
+
+def test_a_cell_without_memory_figures_has_no_peak() -> None:
+    job, flat = flat_job(2)
+    unmeasured = make_profile(**{n: {"points": [{"processes": 1, "stages": {"work": {"seconds": 1.0}}}]}
+                                 for n in ("a", "b")})
+    for profile, peak in ((flat, 2**30), (unmeasured, None)):
+        best = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=2), profile).best
+        assert best.cells is not None
+        assert [c.peak for c in best.cells] == [peak, peak]
+        assert best.peak == peak
+
+
+def test_a_declared_memory_counts_where_the_profile_measured_none() -> None:
+    """The profile has no memory for the trainer: its ``resources:`` entry decides whether it fits."""
+    unmeasured = {"points": [{"processes": 1, "stages": {"train": {"seconds": 1.0}}}]}
+    profile = make_profile(trainer=unmeasured, rollout=unmeasured)
+
+    def job_with(train: str) -> Any:
+        return parse_job_config({"cluster": {"num_nodes": 1, "component_placement": {"trainer": "0", "rollout": "1"}},
+                                 "resources": {"trainer": {"memory": {"train": train}}}})
+
+    fitting = job_with("70GiB")
+    best = search_placements(fitting, fake_cluster(fitting.cluster, accelerators_per_node=2), profile).best
+    assert (best.label, best.peak) == ("trainer | rollout", 70 * 2**30)
+    too_big = job_with("90GiB")
+    with pytest.raises(PlacementError, match="fits") as caught:
+        search_placements(too_big, fake_cluster(too_big.cluster, accelerators_per_node=2), profile)
+    assert str(caught.value).endswith(f"trainer | rollout: {NO_SPLIT}")
+
+
+def test_a_source_rank_beyond_the_processes_of_a_component_that_keeps_its_placement_is_refused() -> None:
+    job = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": {
+        "trainer": "0", "rollout": "1", "env": {"node_group": "node", "placement": "0:0-1"}}},
+        "weight_sync": {"feedback": {"source": "env", "targets": ["rollout"], "source_rank": 2}}})
+    profile = parse_profile({"version": 1, "components": {"trainer": TRAINER, "rollout": ROLLOUT},
+                             "weight_sync": {"feedback": {"bytes": "1GB"}}})
+    with pytest.raises(ConfigError, match="source_rank") as caught:
+        search_placements(job, fake_cluster(job.cluster, accelerators_per_node=4), profile)
+    assert (caught.value.path, caught.value.value) == ("weight_sync.feedback.source_rank", 2)
+    assert str(caught.value) == "weight_sync.feedback.source_rank: component 'env' has ranks 0-1 (got 2)"
+
+
+def kept_job(entry: dict[str, Any], group: dict[str, Any]) -> Any:
+    """The trainer and the rollout on group 'cluster' (node 0), and an env that keeps ``entry`` on ``group``."""
+    return parse_job_config({"cluster": {"num_nodes": 2, "node_groups": [group], "component_placement": {
+        "trainer": "0", "rollout": "1", "env": entry}}})
+
+
+def test_a_kept_component_of_several_accelerators_a_process_counts_at_that_point() -> None:
+    """The env keeps one process of two accelerators on another group: the profile's point of one process of two
+    accelerators predicts its cell, which sets the step."""
+    job = kept_job({"node_group": "late", "placement": "0-1:0"}, {"label": "late", "node_ranks": 1})
+    cluster = fake_cluster(job.cluster, accelerators_per_node=[2, 2])
+    profile = make_profile(trainer=TRAINER, rollout=ROLLOUT,
+                           env={"points": [point(1, "step", 20.0, {"step": "10GiB"}, per=2)]})
+    assert search_placements(job, cluster, profile).best.step_seconds == 20.0
+
+
+def test_a_kept_component_that_holds_several_robots_a_process_counts_as_one_device_a_process() -> None:
+    """``devices_per_process`` counts accelerators: the env's process holds two robots, and the profile's point of
+    one process (of one device) predicts its cell."""
+    robots = {"label": "robot", "node_ranks": 1, "hardware": {"type": "fake-robot", "configs": [
+        {"node_rank": 1, "name": "arm0"}, {"node_rank": 1, "name": "arm1"}]}}
+    job = kept_job({"node_group": "robot", "placement": "0-1:0"}, robots)
+    cluster = fake_cluster(job.cluster, accelerators_per_node=[2, 0])
+    profile = make_profile(trainer=TRAINER, rollout=ROLLOUT,
+                           env={"points": [{"processes": 1, "stages": {"step": {"seconds": 20.0}}}]})
+    assert search_placements(job, cluster, profile).best.step_seconds == 20.0
+
+
+def test_a_count_of_one_more_process_than_the_accelerators_is_not_predicted() -> None:
+    only_three = {"points": [point(3, "train", 2.0, {"train": "10GiB"})]}
+    job = job_of(["trainer", "rollout"])
+    with pytest.raises(NotMeasured, match="can be predicted") as caught:
+        search_placements(job, fake_cluster(job.cluster, accelerators_per_node=2),
+                          make_profile(trainer=only_three, rollout=ROLLOUT))
+    assert str(caught.value).endswith("trainer | rollout: no count of accelerators up to 2 predicts trainer "
+                                      "(measured on 3 processes)")
+
+
+def test_a_count_of_accelerators_tries_every_accelerators_per_process_that_divides_it() -> None:
+    """Measured with two and with three accelerators a process: three accelerators take one process of three,
+    although two does not divide three."""
+    rollout = {"points": [point(1, "generate", 5.0, {"generate": "10GiB"}, per=2),
+                          point(1, "generate", 4.0, {"generate": "10GiB"}, per=3)]}
+    job = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": {"rollout": "0"}}})
+    cluster = fake_cluster(job.cluster, accelerators_per_node=3)
+    best = search_placements(job, cluster, make_profile(rollout=rollout)).best
+    assert best.cells is not None
+    assert ([(s.processes, s.devices_per_process) for s in best.cells[0].slots], best.step_seconds) == ([(1, 3)], 4.0)
+
+
+def test_each_slot_carries_the_profile_point_that_predicts_it() -> None:
+    job = job_of(["trainer", "rollout"])
+    profile = make_profile(trainer=TRAINER, rollout=ROLLOUT)
+    best = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=8), profile).best
+    assert best.cells is not None
+    slots = [s for cell in best.cells for s in cell.slots]
+    assert slots
+    for slot in slots:
+        assert slot.point == profile.component(slot.component).at(slot.processes, slot.devices_per_process)
+
+
+OFFLOADS_FROM_TWO = {"points": [  # offloads, but its offload and onload were measured only on 2 processes
+    point(1, "train", 4.0, {"train": "20GiB", "offloaded": "1GiB"}),
+    point(2, "train", 2.0, {"train": "20GiB", "offloaded": "1GiB"}, swap=0.5)]}
+BOTH = {"points": [point(1, "generate", 3.0, {"generate": "20GiB"}),
+                   point(2, "generate", 1.5, {"generate": "20GiB"})]}
+
+
+def test_a_cell_size_whose_turns_cannot_be_predicted_is_skipped_for_a_larger_one() -> None:
+    job = job_of(["trainer", "rollout"])
+    result = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=2),
+                               make_profile(trainer=OFFLOADS_FROM_TWO, rollout=BOTH))
+    colocated = {c.label: c for c in result.candidates}["trainer,rollout"]
+    assert colocated.cells is not None
+    assert [c.size for c in colocated.cells] == [2]
+    assert colocated.cells[0].seconds == pytest.approx(2.0 + 0.5 + 1.5 + 4 / 20)  # with its turns and the sync
+
+
+def test_a_cell_whose_turns_cannot_be_predicted_at_any_size_says_why() -> None:
+    job = job_of(["trainer", "rollout"])
+    with pytest.raises(NotMeasured, match="can be predicted") as caught:
+        search_placements(job, fake_cluster(job.cluster, accelerators_per_node=1),
+                          make_profile(trainer=OFFLOADS_FROM_TWO, rollout=BOTH))
+    assert str(caught.value) == (
+        "no placement of trainer, rollout on 1 accelerator can be predicted from the profile: trainer,rollout: "
+        "trainer offloads (its memory has an offloaded phase) but its profile at 1 process has no offload and "
+        "onload seconds; trainer | rollout: its cells need at least 2 accelerators (trainer 1, rollout 1) and "
+        "there are 1: profile smaller process counts")
+
+
+def test_plans_without_the_sync_s_source_rank_are_not_predicted() -> None:
+    """The sync's source is trainer rank 1 and the trainer was measured on one process only."""
+    job = job_of(["trainer", "rollout"], source_rank=1)
+    with pytest.raises(NotMeasured, match="can be predicted") as caught:
+        search_placements(job, fake_cluster(job.cluster, accelerators_per_node=2),
+                          make_profile(trainer=TRAINER_ONE, rollout=ROLLOUT_ONE))
+    beyond = "weight_sync.policy.source_rank is 1, beyond trainer's 1 process there"
+    assert str(caught.value).endswith(f"the profile: trainer,rollout: {beyond}; trainer | rollout: {beyond}")
+
+
+def test_the_documented_refusal_names_every_cell_s_unmeasured_components() -> None:
+    """docs/resources.md, 'The placement search': the worked example on one accelerator."""
+    measured = {"points": [point(2, "work", 2.0, {"work": "10GiB"}), point(4, "work", 1.0, {"work": "10GiB"})]}
+    job = job_of(["trainer", "rollout"])
+    with pytest.raises(NotMeasured, match="can be predicted") as caught:
+        search_placements(job, fake_cluster(job.cluster, accelerators_per_node=1),
+                          make_profile(trainer=measured, rollout=measured))
+    assert str(caught.value) == (
+        "no placement of trainer, rollout on 1 accelerator can be predicted from the profile: trainer,rollout: no "
+        "count of accelerators up to 1 predicts trainer (measured on 2 and 4 processes), rollout (measured on 2 and "
+        "4 processes); trainer | rollout: no count of accelerators up to 1 predicts trainer (measured on 2 and 4 "
+        "processes); no count of accelerators up to 1 predicts rollout (measured on 2 and 4 processes)")
+
+
+def test_components_measured_on_no_common_count_name_their_counts_the_first_eight() -> None:
+    """Colocated, the trainer (9 odd counts) and the rollout (8 even ones) share no count of accelerators."""
+    trainer = {"points": [point(n, "train", 10.0 / n, {"train": "10GiB"}) for n in range(1, 18, 2)]}
+    rollout = {"points": [point(n, "generate", 10.0 / n, {"generate": "10GiB"}) for n in range(2, 17, 2)]}
+    job = job_of(["trainer", "rollout"])
+    result = search_placements(job, fake_cluster(job.cluster, accelerators_per_node=18),
+                               make_profile(trainer=trainer, rollout=rollout))
+    colocated = {c.label: c for c in result.candidates}["trainer,rollout"]
+    assert colocated.reason == ("no count of accelerators predicts all of them together: trainer on 1, 3, 5, 7, 9, "
+                                "11, 13, 15, ...; rollout on 2, 4, 6, 8, 10, 12, 14, 16")
+    assert result.best.label == "trainer | rollout"
+
+
+def test_cells_too_large_for_the_accelerators_are_named_with_their_components() -> None:
+    two = {"points": [point(2, "work", 1.0, {"work": "1GiB"})]}
+    one = {"points": [point(1, "work", 1.0, {"work": "1GiB"})]}
+    job = parse_job_config({"cluster": {"num_nodes": 1, "component_placement": dict.fromkeys("abc", "0")}})
+    with pytest.raises(NotMeasured, match="can be predicted") as caught:
+        search_placements(job, fake_cluster(job.cluster, accelerators_per_node=2), make_profile(a=two, b=two, c=one))
+    assert ("; a,b | c: its cells need at least 3 accelerators (a,b 2, c 1) and there are 2: profile smaller "
+            "process counts; ") in str(caught.value)
+
+
+def scaled(entry: dict[str, Any], factor: float) -> dict[str, Any]:
+    """``entry`` with every figure of seconds multiplied by ``factor``."""
+    def scale(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: v * factor if k == "seconds" else scale(v) for k, v in value.items()}
+        return [scale(v) for v in value] if isinstance(value, list) else value
+    result: dict[str, Any] = scale(entry)
+    return result
+
+
+def test_steps_shorter_than_a_second_equal_brute_force() -> None:
+    """The same components a hundred times faster: no bound of a second or more holds the search back."""
+    check(["trainer", "rollout", "reward"], [4, 4], make_profile(
+        trainer=scaled(TRAINER, 0.01), rollout=scaled(ROLLOUT, 0.01), reward=scaled(REWARD, 0.01)))
