@@ -33,6 +33,7 @@ class Source:
         self.bucket_bytes = bucket_bytes
         self._newest: dict[str, tuple[Announcement, list[Any]]] = {}
         self._thread: ThreadPoolExecutor | None = None
+        self._thread_pid = 0  # the process that started ``_thread``: a forked child has none of its threads
 
     def publish(self, version: int, state_dict: Mapping[str, Any], links: Mapping[str, list[Link]],
                 again: bool = False, standby: Collection[str] = (), noting: Callable[[], None] | None = None) -> None:
@@ -84,7 +85,9 @@ class Source:
         for it and raises what it raised."""
         if work is None:
             return lambda: None
-        self._thread = self._thread or ThreadPoolExecutor(1, thread_name_prefix="hwplace-wsync-note")
+        if self._thread is None or self._thread_pid != os.getpid():  # a pool inherited by a fork would never run it
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="hwplace-wsync-note")
+            self._thread_pid = os.getpid()
         return self._thread.submit(work).result
 
     def newest(self, transport: str) -> tuple[Announcement, list[Any]] | None:
