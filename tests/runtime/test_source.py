@@ -6,17 +6,23 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hwplace.planning.sync_plan import TRANSPORTS
 from hwplace.runtime.weight_sync.source import Source
 
-NO_LINKS: dict[str, list] = {name: [] for name in TRANSPORTS}
+NO_LINKS: dict[str, list[Any]] = {name: [] for name in TRANSPORTS}
+
+
+def noted_in(path: Path) -> None:
+    path.write_text("2")
 
 
 @pytest.mark.time_limit(120)
-def test_a_process_forked_from_a_source_notes_its_versions_on_a_thread_of_its_own(tmp_path) -> None:
+def test_a_process_forked_from_a_source_notes_its_versions_on_a_thread_of_its_own(tmp_path: Path) -> None:
     noted: list[int] = []
     source = Source("forked", None, 1 << 20)
     try:
@@ -25,7 +31,7 @@ def test_a_process_forked_from_a_source_notes_its_versions_on_a_thread_of_its_ow
         child = os.fork()
         if child == 0:  # the child: the thread it inherited the pool of does not exist here
             try:
-                source.publish(2, {}, NO_LINKS, noting=lambda: (tmp_path / "noted").write_text("2"))
+                source.publish(2, {}, NO_LINKS, noting=lambda: noted_in(tmp_path / "noted"))
             finally:
                 os._exit(0)
         deadline = time.monotonic() + 60
