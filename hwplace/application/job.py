@@ -24,13 +24,12 @@ from hwplace.application.notes import print_notes
 from hwplace.application.report import print_cluster, print_plan, print_sync_plans, sync_plans
 from hwplace.application.snapshots import (
     FORMAT,
+    MadeHere,
     Resumed,
     SnapshotFolder,
     channel_contents,
-    continue_versions,
     group_states,
     load_states,
-    refill,
     snapshot_folders,
     step_of,
     sync_versions,
@@ -45,6 +44,7 @@ from hwplace.inventory.cluster import Cluster
 from hwplace.inventory.local import local_cluster
 from hwplace.inventory.offline import fake_cluster
 from hwplace.planning.component import ComponentPlacement
+from hwplace.plugin.session import session
 from hwplace.runtime.group import WorkerGroup, group_record
 from hwplace.runtime.weight_sync.sync import WeightSync
 from hwplace.runtime.worker import Worker
@@ -77,6 +77,8 @@ class Job:
         self.syncs: dict[str, WeightSync] = {}  # created through job.weight_sync, by name
         self.snapshots = snapshots
         self._record: Mapping[str, Any] = resume_from[0] if resume_from else {}
+        self._made = MadeHere(self._record, cluster.executor)  # every channel and sync this driver makes
+        self._stop_recording = session().on_made(self._made.hook())
         self.resumed = Resumed(self._record["step"], self._record["state"], resume_from[1]) if resume_from else None
         self._told = False
 
@@ -126,29 +128,30 @@ class Job:
         :meth:`snapshot` keeps its contents, and in a resumed job it starts with what the snapshot held of the
         channel of that name."""
         made = Channel.create(name, maxsize, group_affinity=group_affinity, group_rank_affinity=group_rank_affinity,
-                              cluster=self.cluster)
+                              cluster=self.cluster)  # refilled as every channel this driver makes (MadeHere)
         self.channels[name] = made
-        self.refill(made)
         return made
 
     def weight_sync(self, name: str, source: str, targets: Sequence[str] = ("rollout",), **options: Any) -> WeightSync:
         """Weight sync ``name`` on the job's cluster (:meth:`hwplace.WeightSync.create`, with its options): the
         newest version goes into :meth:`snapshot`; a resumed job's source goes on from there."""
         self.syncs[name] = WeightSync.create(name, source, targets, cluster=self.cluster, **options)
-        continue_versions(self.syncs[name], self.cluster.executor(), self._record.get("weight_syncs", {}))
-        return self.syncs[name]
+        return self.syncs[name]  # its versions continued as every sync this driver makes (MadeHere)
+
 
     def refill(self, channel: Channel) -> bool:
         """Put back what the snapshot this job resumed from holds of the channel of ``channel``'s name (one that
         ``snapshot(channels=...)`` named, created by a worker, say); whether it held any. Call it on a channel
-        nobody uses yet; :meth:`channel` does."""
-        return refill(channel, self._record.get("channels", {}))
+        nobody uses yet. A channel this driver makes (:meth:`channel`, ``Channel.create``) is refilled as it is
+        made; what was put back once is never put back again."""
+        return self._made.refill(channel)
 
     def snapshot(self, step: int, state: Any = None, *, channels: Sequence[Channel] | None = None) -> Path | None:
         """Record the job at this step: ``step`` (a whole number, growing), the driver's ``state`` (anything that
         pickles), each launched group's ranks' ``state_dict()`` where the worker class defines one, the contents
-        of ``channels`` (default: those made by :meth:`channel`), each one consistent cut with held items counted
-        as not taken, and the newest version of each :meth:`weight_sync`'s. Call it at a step boundary: when no
+        of ``channels`` (default: every channel this driver made, by :meth:`channel` or ``Channel.create``), each
+        one consistent cut with held items counted as not taken, and the newest version of each weight sync this
+        driver made. Call it at a step boundary: when no
         worker method that hands out data, trains or publishes runs. Written atomically into the ``--snapshots``
         folder; returns the file (``None`` without one: it says so once on stderr). See docs/resilience.md."""
         step = step_of(step)
@@ -163,13 +166,14 @@ class Job:
             raise ConfigError("step", f"is before that of the newest snapshot in {self.snapshots.path} "
                               f"({newest[0][0]})", value=step, allowed="steps that grow from one snapshot to the next")
         record = {"format": FORMAT, "step": step, "state": state, "groups": group_states(self.groups),
-                  "channels": channel_contents(list(self.channels.values()) if channels is None else channels),
-                  "weight_syncs": sync_versions(self.syncs, self.cluster.executor())}
+                  "channels": channel_contents(list(self._made.channels.values()) if channels is None else channels),
+                  "weight_syncs": sync_versions(self._made.syncs, self.cluster.executor())}
         return self.snapshots.write(step, record)
 
     def shutdown(self) -> None:
         """Shut down every group launched through this job, the last launched first, then close the channels
         made by :meth:`channel`."""
+        self._stop_recording()
         for group in reversed(list(self.groups.values())):
             group.shutdown()
         self.groups.clear()

@@ -17,6 +17,7 @@ import os
 import pickle
 import re
 import tempfile
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,6 +209,49 @@ def continue_versions(sync: WeightSync, executor: Executor, versions: Mapping[st
     """A resumed job's ``sync``: its source's versions go on from the one the snapshot recorded of its name."""
     if versions.get(sync.name):
         note_version(sync, require(executor, Rendezvous, "job.weight_sync"), versions[sync.name])
+
+
+class MadeHere:
+    """Every channel and weight sync the driver makes while a job runs (through the job or not: the session's
+    :meth:`~hwplace.plugin.session.Session.on_made` hook calls :meth:`record`), for its snapshots; in a resumed job
+    (``record``, the snapshot it resumed from) a channel starts with what the snapshot held of its name, once, and a
+    sync's versions go on from the one it recorded."""
+
+    def __init__(self, record: Mapping[str, Any], executor: Callable[[], Executor]) -> None:
+        self.channels: dict[str, Channel] = {}
+        self.syncs: dict[str, WeightSync] = {}
+        self._record, self._executor = record, executor  # a job's cluster may plan only: its executor when needed
+        self._refilled: set[str] = set()
+
+    def record(self, made: Any) -> None:
+        if isinstance(made, Channel):
+            self.channels[made.name] = made
+            self.refill(made)
+        elif isinstance(made, WeightSync):
+            self.syncs[made.name] = made
+            if self._record.get("weight_syncs", {}).get(made.name):  # a resumed job's: its cluster can run workers
+                continue_versions(made, self._executor(), self._record["weight_syncs"])
+
+    def hook(self) -> Callable[[Any], None]:
+        """:meth:`record` as the session's hook, which keeps this no longer alive than its job keeps it."""
+        alive = weakref.ref(self)
+
+        def record(made: Any) -> None:
+            found = alive()
+            if found is not None:
+                found.record(made)
+
+        return record
+
+
+    def refill(self, channel: Channel) -> bool:
+        """Put back, the first time a channel of its name is made or named here, what the snapshot held of it;
+        whether it held any (a name is one channel of the cluster: never put back twice)."""
+        held = channel.name in self._record.get("channels", {})
+        if channel.name not in self._refilled:
+            self._refilled.add(channel.name)
+            refill(channel, self._record.get("channels", {}))
+        return held
 
 
 def snapshot_folders(snapshots: str | os.PathLike[str] | None, resume: str | os.PathLike[str] | None, keep: int,

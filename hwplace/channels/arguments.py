@@ -13,6 +13,8 @@ from hwplace.foundation.errors import ConfigError
 from hwplace.foundation.timeouts import wait_timeout
 from hwplace.foundation.wording import safe_repr
 
+MAX_MAXSIZE = (1 << 63) - 1
+"""The largest bound a queue may have: the wire carries it as an unsigned 64-bit number."""
 CHANNEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
 QUEUE_NAME_BYTES = 1024
 
@@ -22,6 +24,22 @@ def check_name(name: Any) -> None:
     if not isinstance(name, str) or not CHANNEL_NAME.match(name):
         raise ConfigError("channel name", f"{safe_repr(name)} is not a usable channel name",
                           allowed="1 to 100 letters, digits, '_', '.' and '-', starting with a letter or digit")
+
+
+def check_creation(name: Any, maxsize: Any, group_affinity: Any, group_rank_affinity: Any) -> int:
+    """``Channel.create``'s arguments checked; the rank of ``group_affinity`` its host runs beside (0 by default)."""
+    check_name(name)
+    if isinstance(maxsize, bool) or not isinstance(maxsize, int) or not 0 <= maxsize <= MAX_MAXSIZE:
+        raise ConfigError("maxsize", f"must be a whole number from 0 (unbounded) to {MAX_MAXSIZE:,}", value=maxsize)
+    if group_affinity is None and group_rank_affinity is not None:
+        raise ConfigError("group_rank_affinity", "needs group_affinity (the group whose rank it names)",
+                          value=group_rank_affinity)
+    rank = 0 if group_rank_affinity is None else group_rank_affinity
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ConfigError("group_rank_affinity", "must be a worker rank (a whole number >= 0)", value=rank)
+    if group_affinity is not None and not isinstance(group_affinity, str):
+        raise ConfigError("group_affinity", "must be a group name", value=group_affinity)
+    return rank
 
 
 def queue_bytes(name: Any) -> bytes:

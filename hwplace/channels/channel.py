@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, SupportsFloat, SupportsIndex, overload
 
 from hwplace.channels import lane, wire
-from hwplace.channels.arguments import check_name, queue_bytes, timeout_of, version_of, weight_of
+from hwplace.channels.arguments import check_creation, check_name, queue_bytes, timeout_of, version_of, weight_of
 from hwplace.channels.handle import ChannelHandle, withdraw
 from hwplace.channels.holds import HeldItems, Taken, not_held
 from hwplace.channels.queues import QueueStats, Status
@@ -35,8 +35,6 @@ from hwplace.foundation.wording import safe_repr
 from hwplace.inventory.cluster import Cluster
 from hwplace.plugin.session import session
 
-MAX_MAXSIZE = (1 << 63) - 1
-"""The largest bound a queue may have: the wire carries it as an unsigned 64-bit number."""
 INLINE_LIMIT = 1 << 20
 """Items whose pickled size reaches this many bytes go through the object store by reference."""
 
@@ -205,19 +203,10 @@ class Channel:
         cluster whose executor hosts it (default: this process's, :func:`hwplace.executor.session`); an executor
         that cannot host channels is a :class:`hwplace.PluginError` naming it.
         """
-        check_name(name)
-        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or not 0 <= maxsize <= MAX_MAXSIZE:
-            raise ConfigError("maxsize", f"must be a whole number from 0 (unbounded) to {MAX_MAXSIZE:,}",
-                              value=maxsize)
-        if group_affinity is None and group_rank_affinity is not None:
-            raise ConfigError("group_rank_affinity", "needs group_affinity (the group whose rank it names)",
-                              value=group_rank_affinity)
-        rank = 0 if group_rank_affinity is None else group_rank_affinity
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-            raise ConfigError("group_rank_affinity", "must be a worker rank (a whole number >= 0)", value=rank)
-        if group_affinity is not None and not isinstance(group_affinity, str):
-            raise ConfigError("group_affinity", "must be a group name", value=group_affinity)
-        return cls(_hosting(cluster, "Channel.create").create_channel(name, maxsize, group_affinity, rank))
+        rank = check_creation(name, maxsize, group_affinity, group_rank_affinity)
+        made = cls(_hosting(cluster, "Channel.create").create_channel(name, maxsize, group_affinity, rank))
+        session().made(made)  # a job's driver records it for its snapshots (and refills it when resumed)
+        return made
 
     @classmethod
     def connect(cls, name: str, *, cluster: Cluster | None = None) -> Channel:

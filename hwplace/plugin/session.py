@@ -84,6 +84,20 @@ class Session:
                 self._state[key] = make()
             return self._state[key]  # type: ignore[no-any-return]
 
+    def made(self, thing: Any) -> None:
+        """This process made ``thing`` (a channel, a weight sync): tell the hooks :meth:`on_made` registered (a
+        job's driver records them for its snapshots)."""
+        hooks: list[Callable[[Any], None]] = self.state("made", list)
+        for hook in list(hooks):
+            hook(thing)
+
+    def on_made(self, hook: Callable[[Any], None]) -> Callable[[], None]:
+        """Call ``hook`` with each channel and weight sync this process makes from now on; returns the call that
+        stops it."""
+        hooks: list[Callable[[Any], None]] = self.state("made", list)
+        hooks.append(hook)
+        return lambda: hooks.remove(hook) if hook in hooks else None
+
     def __repr__(self) -> str:
         executor = self._executor if isinstance(self._executor, str) else getattr(self._executor, "name", None)
         who = f" worker {self.worker.group!r} rank {self.worker.rank}" if self.worker else ""

@@ -215,8 +215,9 @@ def test_snapshot_refuses_what_could_not_be_resumed_and_keeps_the_channels_it_is
         job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), resume_from=found)
         try:
             assert (job.resumed.step, job.resumed.state) == (5, "state")  # type: ignore[union-attr]
-            again = hwplace.Channel.create("made-elsewhere", cluster=cluster)
-            assert job.refill(again)
+            again = hwplace.Channel.create("made-elsewhere", cluster=cluster)  # refilled as it is made
+            assert job.refill(again)  # the snapshot held it: put back once, not twice
+            assert again.qsize("raw") == 3
             assert [again.get(queue_name="raw", timeout=10) for _ in range(3)] == [0, 1, 2]
             loader = job.launch(Loader, "loader", again)
             assert loader.feed(1, 10).wait() == [4]  # its cursor came back: 3, then one more
@@ -260,6 +261,43 @@ def test_a_resumed_job_s_weight_sync_goes_on_from_the_version_its_snapshot_recor
             assert rollout.latest(sync, 4).wait() == [(4, 4.0)] * 2
             other = job.weight_sync("other", "trainer", ("rollout",))  # not in the snapshot: from the beginning
             assert trainer.publish(other, 1.0).wait() == [1]
+        finally:
+            job.shutdown()
+
+
+def test_what_the_driver_makes_without_the_job_is_in_its_snapshots_and_comes_back_when_resumed(
+        tmp_path: Path) -> None:
+    """SPEC §12: a snapshot records every channel's items and the newest version of each weight sync. Those the
+    entry point makes with hwplace.Channel.create and hwplace.WeightSync.create count too."""
+    placement_cfg = {"component_placement": {"trainer": "0", "rollout": "1-2"}}
+    folder = SnapshotFolder(tmp_path / "s")
+    with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:
+        config = {"cluster": cluster.config}
+        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), snapshots=folder)
+        try:
+            trainer, rollout = job.launch(Publisher, "trainer"), job.launch(Reader, "rollout")
+            sync = hwplace.WeightSync.create("direct", "trainer", ("rollout",), cluster=cluster)
+            assert [trainer.publish(sync, v).wait()[0] for v in (1.0, 2.0)] == [1, 2]
+            work = hwplace.Channel.create("driver-made", cluster=cluster)
+            for item in ("a", "b", "c"):
+                work.put(item, weight=1, version=2)
+            assert work.get(timeout=10) == "a"  # taken before the snapshot: not in it
+            job.snapshot(3)  # no channels named: every one this driver made
+        finally:
+            job.shutdown()
+    with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:  # the driver and its cluster are new
+        config = {"cluster": cluster.config}
+        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), resume_from=folder.newest())
+        try:
+            trainer, rollout = job.launch(Publisher, "trainer"), job.launch(Reader, "rollout")
+            sync = hwplace.WeightSync.create("direct", "trainer", ("rollout",), cluster=cluster)
+            assert trainer.publish(sync, 3.0).wait() == [3]  # goes on from the version the snapshot recorded
+            assert rollout.latest(sync, 3).wait() == [(3, 3.0)] * 2
+            work = hwplace.Channel.create("driver-made", cluster=cluster)
+            assert work.qsize() == 2
+            assert [work.get(timeout=10), work.get(timeout=10)] == ["b", "c"]
+            assert work.stats().stale == 0
+            assert hwplace.Channel.create("new-here", cluster=cluster).qsize() == 0
         finally:
             job.shutdown()
 

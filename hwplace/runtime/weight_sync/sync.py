@@ -134,7 +134,9 @@ class WeightSync:
         plan = sync_plan(entry.placements[source_rank], (source, source_rank), placements, size, ring)
         holds = {(t.group, t.rank): placements[t.group][t.rank].local_hardware_ranks for t in plan
                  if t.transport == SAME_DEVICE}
-        return cls(name, source, source_rank, plan, os.urandom(8).hex(), holds)
+        made = cls(name, source, source_rank, plan, os.urandom(8).hex(), holds)
+        session().made(made)  # a job's driver records it for its snapshots (and continues its versions when resumed)
+        return made
 
     def __repr__(self) -> str:
         targets = sorted({t.group for t in self.plan})
