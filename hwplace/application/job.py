@@ -149,10 +149,10 @@ class Job:
     def snapshot(self, step: int, state: Any = None, *, channels: Sequence[Channel] | None = None) -> Path | None:
         """Record the job at this step: ``step`` (a whole number, growing), the driver's ``state`` (anything that
         pickles), each launched group's ranks' ``state_dict()`` where the worker class defines one, the contents
-        of ``channels`` (default: every channel this driver made, by :meth:`channel` or ``Channel.create``), each
-        one consistent cut with held items counted as not taken, and the newest version of each weight sync this
-        driver made. Call it at a step boundary: when no
-        worker method that hands out data, trains or publishes runs. Written atomically into the ``--snapshots``
+        of ``channels`` (default: every channel this driver made, by :meth:`channel` or ``Channel.create``, and
+        did not close), each one consistent cut with held items counted as not taken, and the newest version of
+        each weight sync this driver made. Call it at a step boundary: when no worker method that hands out data,
+        trains or publishes runs. Written atomically into the ``--snapshots``
         folder; returns the file (``None`` without one: it says so once on stderr). See docs/resilience.md."""
         step = step_of(step)
         if self.snapshots is None:
@@ -166,7 +166,8 @@ class Job:
             raise ConfigError("step", f"is before that of the newest snapshot in {self.snapshots.path} "
                               f"({newest[0][0]})", value=step, allowed="steps that grow from one snapshot to the next")
         record = {"format": FORMAT, "step": step, "state": state, "groups": group_states(self.groups),
-                  "channels": channel_contents(list(self._made.channels.values()) if channels is None else channels),
+                  "channels": channel_contents(list(self._made.channels.values()), closed=True) if channels is None
+                  else channel_contents(channels),
                   "weight_syncs": sync_versions(self._made.syncs, self.cluster.executor())}
         return self.snapshots.write(step, record)
 

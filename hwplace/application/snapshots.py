@@ -27,7 +27,7 @@ from hwplace.channels.channel import Channel
 from hwplace.channels.snapshot import ChannelContents, export_channel, restore_channel
 from hwplace.contracts.capabilities import Rendezvous, require
 from hwplace.contracts.executor import Executor
-from hwplace.foundation.errors import ConfigError, HwplaceError
+from hwplace.foundation.errors import ChannelClosed, ConfigError, HwplaceError
 from hwplace.runtime.group import WorkerGroup
 from hwplace.runtime.weight_sync.sync import WeightSync, note_version, noted_version
 
@@ -183,9 +183,17 @@ def load_states(group: WorkerGroup, states: Sequence[Any]) -> None:
         handle.wait()
 
 
-def channel_contents(channels: Sequence[Channel]) -> dict[str, ChannelContents]:
-    """Each channel's contents, each one consistent cut (one step on its host)."""
-    return {channel.name: export_channel(channel) for channel in channels}
+def channel_contents(channels: Sequence[Channel], closed: bool = False) -> dict[str, ChannelContents]:
+    """Each channel's contents, each one consistent cut (one step on its host); ``closed``: a channel closed
+    meanwhile holds nothing to keep and is left out (else its ``ChannelClosed`` is raised)."""
+    found = {}
+    for channel in channels:
+        try:
+            found[channel.name] = export_channel(channel)
+        except ChannelClosed:
+            if not closed:
+                raise
+    return found
 
 
 def refill(channel: Channel, contents: Mapping[str, ChannelContents]) -> bool:

@@ -282,6 +282,7 @@ def test_what_the_driver_makes_without_the_job_is_in_its_snapshots_and_comes_bac
             for item in ("a", "b", "c"):
                 work.put(item, weight=1, version=2)
             assert work.get(timeout=10) == "a"  # taken before the snapshot: not in it
+            hwplace.Channel.create("closed-before", cluster=cluster).close()  # nothing to keep: left out
             job.snapshot(3)  # no channels named: every one this driver made
         finally:
             job.shutdown()
@@ -298,6 +299,7 @@ def test_what_the_driver_makes_without_the_job_is_in_its_snapshots_and_comes_bac
             assert [work.get(timeout=10), work.get(timeout=10)] == ["b", "c"]
             assert work.stats().stale == 0
             assert hwplace.Channel.create("new-here", cluster=cluster).qsize() == 0
+            assert not job.refill(hwplace.Channel.create("closed-before", cluster=cluster))
         finally:
             job.shutdown()
 
