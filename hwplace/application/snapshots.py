@@ -251,7 +251,6 @@ class MadeHere:
 
         return record
 
-
     def refill(self, channel: Channel) -> bool:
         """Put back, the first time a channel of its name is made or named here, what the snapshot held of it;
         whether it held any (a name is one channel of the cluster: never put back twice)."""
