@@ -81,6 +81,8 @@ class Supervisor:
         self._told_failure = False
         self._given_up: list[int] = []  # ranks left dead after a failed restart, for the executor to show so
         self._early: dict[int, str] = {}  # deaths of a new process before its restart was seen through
+        self._publishing = threading.Lock()  # one publication at a time, each of the newest states
+        self._shown = self._current()  # the states as last published: what status() returns
 
     def start(self) -> None:
         """Be told of each death from now on (when the executor can restart)."""
@@ -93,9 +95,14 @@ class Supervisor:
             self._closed = True
 
     def status(self) -> list[RankStatus]:
+        """Each rank's state as last published: ``on_change`` (what hwplace status shows) was told it first, so
+        ``group.status()`` is never ahead of hwplace status."""
         with self._lock:
-            return [RankStatus(rank, p.node_rank, self._states[rank], self._used[rank], self._causes[rank])
-                    for rank, p in enumerate(self._placements)]
+            return list(self._shown)
+
+    def _current(self) -> list[RankStatus]:
+        return [RankStatus(rank, p.node_rank, self._states[rank], self._used[rank], self._causes[rank])
+                for rank, p in enumerate(self._placements)]
 
     def died(self, rank: int, cause: str) -> bool:
         """A process of ``rank`` died of ``cause``: whether it will be restarted."""
@@ -118,9 +125,14 @@ class Supervisor:
             if self._executor is not None and not self._closed:
                 with contextlib.suppress(Exception):  # the session ended: no peer is left to tell
                     self._executor.gave_up(self._runtime, rank)
-        if self._on_change is not None and not self._closed:
-            with contextlib.suppress(Exception):  # what hwplace status shows, no more: the restart goes on
-                self._on_change(self.status())
+        with self._publishing:  # two threads' changes told in the order of their states: the last told is newest
+            with self._lock:
+                found = self._current()
+            if self._on_change is not None and not self._closed:
+                with contextlib.suppress(Exception):  # what hwplace status shows, no more: the restart goes on
+                    self._on_change(found)
+            with self._lock:
+                self._shown = found
         failure = self.failure
         if failure is not None and not self._closed and not self._told_failure:
             self._told_failure = True

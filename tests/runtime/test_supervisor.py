@@ -198,6 +198,37 @@ def test_deaths_after_close_are_the_group_s_end_and_listeners_hear_of_a_failure_
     remove()  # a second removal does nothing
 
 
+@pytest.mark.time_limit(30)
+def test_hwplace_status_is_told_the_newest_states_last_and_group_status_is_never_ahead_of_it() -> None:
+    """Two threads tell of changes: the death's (restarting) and the restart's end (serving). However their calls
+    interleave, the last state hwplace status is told is the newest; and group.status() shows a state only once
+    hwplace status was told it (CI once found a rank restarting in group.status() and not yet in hwplace status).
+    The death's report is slow here: it lets the restart end, then waits up to a second for it to be told."""
+    gate, told_serving = threading.Event(), threading.Event()
+    registry: list[list[str]] = []  # what hwplace status would show, in the order the registry got it
+    seen_by_status: list[list[str]] = []
+
+    def on_change(found: list[Any]) -> None:
+        states = [s.state for s in found]
+        seen_by_status.append([s.state for s in supervisor.status()])  # before this one is told: the last told
+        if states[1] == "restarting" and not gate.is_set():
+            gate.set()  # the restart's constructors return now, while this report is still on its way
+            told_serving.wait(1)
+        registry.append(states)
+        if states[1] == "serving":
+            told_serving.set()
+
+    executor = Executor(gate=gate)
+    supervisor = Supervisor("g", PLACEMENTS, hwplace.Restart(1), executor, GroupRuntime(), on_change)
+    supervisor.start()
+    assert supervisor.status()[1].state == "serving"
+    assert supervisor.died(1, "killed") is True
+    assert settled(supervisor) == [("serving", 0), ("serving", 1)]
+    assert registry[-1] == ["serving", "serving"]  # the newest told last, never the restarting told late
+    assert registry == [["serving", "restarting"], ["serving", "serving"]]
+    assert seen_by_status == [["serving", "serving"], ["serving", "restarting"]]  # never ahead of the registry
+
+
 def test_incarnations_tell_each_death_once_and_count_a_replaced_process_as_restarted() -> None:
     told: list[tuple[int, str]] = []
     published: list[tuple[tuple[int, ...], tuple[str, ...]]] = []
