@@ -64,7 +64,9 @@ def test_matching_takes_out_only_what_varies() -> None:
     assert not matches(["x", "...", "z"], ["x", "z", "w"])
 
 
-@pytest.mark.time_limit(600)  # the suite's 300 s would end it (and its pytest process) on a loaded machine
+# The suite's 300 s would end it on a loaded machine: with the other shard beside it, it took 503 and 519 s in two CI
+# runs of stop 44 (on a machine slower than the last sessions'), against about 2 minutes alone.
+@pytest.mark.time_limit(900)
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is needed to clone the repository")
 def test_the_first_command_works_on_a_fresh_clone_and_prints_what_the_readme_shows(tmp_path: Path) -> None:
     commands, shown = quick_start()
@@ -74,7 +76,7 @@ def test_the_first_command_works_on_a_fresh_clone_and_prints_what_the_readme_sho
     ours = Path(sys.prefix) / "bin"  # this test's own environment is not on the new one's path
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != ours)
     done = subprocess.run(["bash", "-c", commands[0]], cwd=clone, env=env, capture_output=True, text=True,
-                          timeout=570, check=False)
+                          timeout=870, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     printed = [line for line in done.stdout[done.stdout.index("cluster: Ray cluster at "):].splitlines()
                if "(raylet)" not in line]  # after pip's own output; without Ray's own warnings about its workers
