@@ -12,8 +12,8 @@ import pytest
 
 import hwplace
 from hwplace.executor import GroupRuntime, Handle, Incarnations, Restarts
-from hwplace.runtime.restarts import Supervisor, on_group_failure
-from hwplace.testing import fake_cluster
+from hwplace.runtime.restarts import RankStatus, Supervisor, on_group_failure
+from hwplace.testing import fake_cluster, swapped_session
 
 PLACEMENTS = tuple(hwplace.PackedPlacementStrategy(0, 1).get_placement(fake_cluster(num_nodes=1,
                                                                                     accelerators_per_node=4)))
@@ -44,12 +44,15 @@ class Executor(Restarts):
         self.restarted = threading.Event()
         self.on_death: Callable[[int, str], bool] | None = None
         self.given_up: list[int] = []
+        self.runtimes: list[GroupRuntime] = []  # the group runtime each watch and restart was given
 
     def watch(self, runtime: GroupRuntime, on_death: Callable[[int, str], bool]) -> None:
         self.on_death = on_death
+        self.runtimes.append(runtime)
 
     def restart(self, runtime: GroupRuntime, ranks: Sequence[int], attempt: int, cause: str) -> Handle:
         self.asked.append((list(ranks), attempt, cause))
+        self.runtimes.append(runtime)
         outcome = self.outcomes.pop(0) if self.outcomes else None
         if outcome == "cannot start":
             raise RuntimeError("the session ended")
@@ -196,6 +199,103 @@ def test_deaths_after_close_are_the_group_s_end_and_listeners_hear_of_a_failure_
     finally:
         remove()
     remove()  # a second removal does nothing
+
+
+@pytest.mark.time_limit(30)
+def test_a_closed_group_restarts_nothing_tells_nothing_and_its_deaths_are_not_failures() -> None:
+    heard: list[hwplace.WorkerError] = []
+    changes: list[list[str]] = []
+    with swapped_session():  # a session where nothing listened before: the group's supervisor makes the list
+        executor, runtime = Executor(), GroupRuntime()
+        supervisor = Supervisor("g", PLACEMENTS, hwplace.Restart(3), executor, runtime,
+                                lambda ranks: changes.append([s.state for s in ranks]))
+        remove = on_group_failure(heard.append)
+        supervisor.start()
+        assert executor.runtimes == [runtime]
+        assert supervisor.status() == [RankStatus(0, 0, "serving", 0, ""), RankStatus(1, 0, "serving", 0, "")]
+        supervisor.close()
+        assert supervisor.died(0, "shut down") is False  # restarts were left: the group's end, not a restart's cue
+        assert executor.asked == []
+        assert changes == []
+        assert heard == []
+        assert [(s.state, s.restarts) for s in supervisor.status()] == [("serving", 0), ("serving", 0)]
+        remove()
+
+
+@pytest.mark.time_limit(30)
+def test_a_removed_failure_listener_is_not_told() -> None:
+    heard: list[str] = []
+    with swapped_session():
+        remove = on_group_failure(lambda error: heard.append("removed one"))
+        keep = on_group_failure(lambda error: heard.append("kept one"))
+        remove()
+        supervisor = supervised(hwplace.Restart(1), Executor("cannot start"))
+        assert supervisor.died(1, "killed") is False
+        assert heard == ["kept one"]
+        keep()
+
+
+@pytest.mark.time_limit(30)
+def test_a_group_restart_that_fails_on_one_rank_counts_that_rank_s_death() -> None:
+    """scope: group restarts ranks 0 and 1 together; rank 1's constructor raises: rank 1 died of it (not the first
+    rank of the restart), and the group is restarted again with the runtime it was launched with."""
+    runtime = GroupRuntime()
+    executor = Executor(hwplace.WorkerError("the constructor raised", group="g", rank=1))
+    supervisor = Supervisor("g", PLACEMENTS, hwplace.Restart(2, "group"), executor, runtime)
+    supervisor.start()
+    assert supervisor.died(0, "killed") is True
+    assert settled(supervisor) == [("serving", 2), ("serving", 2)]
+    assert [(ranks, attempt) for ranks, attempt, _ in executor.asked] == [([0, 1], 1), ([0, 1], 2)]
+    assert executor.asked[1][2].startswith("its restart failed: group 'g' rank 1: the constructor raised")
+    assert supervisor.status()[1].cause.startswith("its restart failed: group 'g' rank 1")
+    assert supervisor.status()[0].cause == "killed"
+    assert executor.runtimes == [runtime, runtime, runtime]  # watch, then both restarts
+
+
+@pytest.mark.time_limit(30)
+def test_a_restart_that_fails_with_a_foreign_error_counts_as_the_rank_s_death() -> None:
+    executor = Executor(RuntimeError("the node is gone"))
+    supervisor = supervised(hwplace.Restart(2), executor)
+    assert supervisor.died(1, "killed") is True
+    assert settled(supervisor) == [("serving", 0), ("serving", 2)]
+    assert executor.asked[1] == ([1], 2, "its restart failed: the node is gone")
+
+
+@pytest.mark.time_limit(30)
+def test_a_new_process_s_early_death_that_failed_its_restart_is_not_counted_twice() -> None:
+    """The new process died before its restart was seen through, and the restart failed of it: one death, so one
+    more restart, not two."""
+    gate = threading.Event()
+    executor = Executor(hwplace.WorkerError("the new process died", group="g", rank=1), gate=gate)
+    supervisor = supervised(hwplace.Restart(3), executor)
+    assert supervisor.died(1, "killed") is True
+    assert supervisor.died(1, "the new process died") is True  # early: told once the restart is through
+    gate.set()
+    assert settled(supervisor) == [("serving", 0), ("serving", 2)]
+    assert [attempt for _, attempt, _ in executor.asked] == [1, 2]
+
+
+def test_incarnations_count_every_replacement_and_show_the_peers_a_death_not_restarted_as_dead() -> None:
+    incarnations = Incarnations(1)
+    published: list[tuple[tuple[int, ...], tuple[str, ...]]] = []
+    incarnations.publish(lambda current, states: published.append((current, states)))
+    assert incarnations.replace(0) == 1
+    assert incarnations.replace(0) == 2
+    incarnations.watch(lambda rank, cause: False)  # restarts used up
+    assert incarnations.died(0, 2, "killed") is False
+    assert published[-1] == ((2,), ("dead",))
+
+
+def test_incarnations_answer_no_restart_to_later_reports_of_a_death_whose_group_failed_to_answer() -> None:
+    incarnations = Incarnations(1)
+
+    def on_death(rank: int, cause: str) -> bool:
+        raise RuntimeError("the group could not decide")
+
+    incarnations.watch(on_death)
+    with pytest.raises(RuntimeError, match="could not decide"):
+        incarnations.died(0, 0, "killed")
+    assert incarnations.died(0, 0, "seen again by a call") is False  # answered, not waiting forever
 
 
 @pytest.mark.time_limit(30)
