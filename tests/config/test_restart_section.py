@@ -8,6 +8,7 @@ import json
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,6 +47,32 @@ def test_each_mistake_is_named_by_its_key_path(section: object, path: str, words
     with pytest.raises(hwplace.ConfigError, match=re.escape(words)) as raised:
         parse_restart(section, COMPONENTS)
     assert raised.value.path == path
+
+
+SCOPES = "'rank' (the dead rank alone) or 'group' (every rank of the group together)"
+COUNT = "is how many times a dead process may be started again"
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: parse_restart([1], COMPONENTS),
+     "restart: is a mapping of components to {max_restarts, scope} (got [1]); restart: {rollout: {max_restarts: 3}}"),
+    (lambda: parse_restart({"rollout": 3}, COMPONENTS),
+     "restart.rollout: is a mapping with max_restarts (and scope) (got 3); {max_restarts: 3, scope: rank}"),
+    (lambda: parse_restart({"rollout": {"scope": "rank"}}, COMPONENTS),
+     "restart.rollout.max_restarts: is missing; a whole number, 0 or more"),
+    (lambda: parse_restart({"rollout": {"max_restarts": -1}}, COMPONENTS),
+     f"restart.rollout.max_restarts: {COUNT} (got -1); a whole number, 0 or more"),
+    (lambda: parse_restart({"rollout": {"max_restarts": 1, "scope": "grup"}}, COMPONENTS),
+     f"restart.rollout.scope: 'grup' is not a restart scope; did you mean 'group'?; {SCOPES}"),
+    (lambda: parse_restart({"rollout": {"max_restarts": 1, "scope": 3}}, COMPONENTS),
+     f"restart.rollout.scope: 3 is not a restart scope; {SCOPES}"),
+    (lambda: hwplace.Restart(-2), f"restart.max_restarts: {COUNT} (got -2); a whole number, 0 or more"),
+    (lambda: hwplace.Restart(1, "nodes"), f"restart.scope: 'nodes' is not a restart scope; {SCOPES}"),
+])
+def test_each_mistake_s_message_whole(make: Any, message: str) -> None:
+    with pytest.raises(hwplace.ConfigError, match=re.escape(message.split(":")[0])) as raised:
+        make()
+    assert str(raised.value) == message
 
 
 JOB = """

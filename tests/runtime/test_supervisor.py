@@ -123,6 +123,7 @@ def test_a_new_process_that_dies_before_its_restart_is_seen_through_counts_as_an
     assert settled(supervisor) == [("serving", 0), ("serving", 2)]
     assert [(ranks, attempt) for ranks, attempt, _ in executor.asked] == [([1], 1), ([1], 2)]
     assert executor.asked[1][2] == "the new process died too"
+    assert supervisor.status()[1].cause == "the new process died too"  # the last death's cause
 
 
 @pytest.mark.time_limit(30)
@@ -162,6 +163,9 @@ def test_a_restart_that_cannot_start_leaves_the_rank_dead_naming_why() -> None:
     assert settled(supervisor) == [("dead", 0), ("serving", 0)]
     assert supervisor.status()[0].cause == "killed; its restart could not start: the session ended"
     assert supervisor.failure is not None
+    assert str(supervisor.failure) == "group 'g' rank 0 on node 0: killed; its restart could not start: the " \
+                                      "session ended"
+    assert (supervisor.failure.group, supervisor.failure.rank, supervisor.failure.node_rank) == ("g", 0, 0)
     assert given_up(executor) == [0]
 
 
@@ -296,6 +300,26 @@ def test_incarnations_answer_no_restart_to_later_reports_of_a_death_whose_group_
     with pytest.raises(RuntimeError, match="could not decide"):
         incarnations.died(0, 0, "killed")
     assert incarnations.died(0, 0, "seen again by a call") is False  # answered, not waiting forever
+
+
+@pytest.mark.time_limit(30)
+def test_a_registry_or_executor_that_fails_to_hear_of_a_change_stops_no_restart() -> None:
+    class Deaf(Executor):
+        def gave_up(self, runtime: GroupRuntime, rank: int) -> None:
+            raise RuntimeError("the session ended")
+
+    def on_change(found: list[Any]) -> None:
+        raise RuntimeError("the registry did not answer")
+
+    executor = Deaf()
+    supervisor = Supervisor("g", PLACEMENTS, hwplace.Restart(1), executor, GroupRuntime(), on_change)
+    supervisor.start()
+    assert supervisor.died(1, "killed") is True
+    assert settled(supervisor) == [("serving", 0), ("serving", 1)]
+    failing = Supervisor("h", PLACEMENTS, hwplace.Restart(1), Deaf("cannot start"), GroupRuntime(), on_change)
+    failing.start()
+    assert failing.died(1, "killed") is False  # told the executor it gave up, which raised: the rank is dead
+    assert [s.state for s in failing.status()] == ["serving", "dead"]
 
 
 @pytest.mark.time_limit(30)
