@@ -138,7 +138,6 @@ class Job:
         self.syncs[name] = WeightSync.create(name, source, targets, cluster=self.cluster, **options)
         return self.syncs[name]  # its versions continued as every sync this driver makes (MadeHere)
 
-
     def refill(self, channel: Channel) -> bool:
         """Put back what the snapshot this job resumed from holds of the channel of ``channel``'s name (one that
         ``snapshot(channels=...)`` named, created by a worker, say); whether it held any. Call it on a channel

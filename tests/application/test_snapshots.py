@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -126,6 +127,12 @@ def main(job):
 '''
 
 
+def job_on(cluster: hwplace.Cluster, **options: Any) -> hwplace.Job:
+    """A job on ``cluster`` with the cluster's own config, its placement as the test gave it."""
+    config = {"cluster": cluster.config}
+    return hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), **options)
+
+
 def test_a_snapshot_holds_a_consistent_cut_and_a_resumed_run_finishes_it(tmp_path: Path) -> None:
     config = write_job(tmp_path, "pipeline.yaml", CONFIG, pipeline=PIPELINE)
     snapshots, summary = tmp_path / "snapshots", tmp_path / "summary.json"
@@ -190,8 +197,7 @@ def test_snapshot_refuses_what_could_not_be_resumed_and_keeps_the_channels_it_is
     placement_cfg = {"component_placement": {"loader": "0", "forgetful": "1"}}
     folder = SnapshotFolder(tmp_path / "s")
     with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:
-        config = {"cluster": cluster.config}
-        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), snapshots=folder)
+        job = job_on(cluster, snapshots=folder)
         made = hwplace.Channel.create("made-elsewhere", cluster=cluster)  # by a worker, say: not job.channel's
         try:
             loader = job.launch(Loader, "loader", made)
@@ -209,10 +215,9 @@ def test_snapshot_refuses_what_could_not_be_resumed_and_keeps_the_channels_it_is
         finally:
             job.shutdown()
     with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:
-        config = {"cluster": cluster.config}
         found = folder.newest()
         assert found is not None
-        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), resume_from=found)
+        job = job_on(cluster, resume_from=found)
         try:
             assert (job.resumed.step, job.resumed.state) == (5, "state")  # type: ignore[union-attr]
             again = hwplace.Channel.create("made-elsewhere", cluster=cluster)  # refilled as it is made
@@ -241,8 +246,7 @@ def test_a_resumed_job_s_weight_sync_goes_on_from_the_version_its_snapshot_recor
     placement_cfg = {"component_placement": {"trainer": "0", "rollout": "1-2"}}
     folder = SnapshotFolder(tmp_path / "s")
     with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:
-        config = {"cluster": cluster.config}
-        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), snapshots=folder)
+        job = job_on(cluster, snapshots=folder)
         try:
             trainer, rollout = job.launch(Publisher, "trainer"), job.launch(Reader, "rollout")
             sync = job.weight_sync("policy", "trainer", ("rollout",))
@@ -252,8 +256,7 @@ def test_a_resumed_job_s_weight_sync_goes_on_from_the_version_its_snapshot_recor
         finally:
             job.shutdown()
     with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:  # the driver and its cluster are new
-        config = {"cluster": cluster.config}
-        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), resume_from=folder.newest())
+        job = job_on(cluster, resume_from=folder.newest())
         try:
             trainer, rollout = job.launch(Publisher, "trainer"), job.launch(Reader, "rollout")
             sync = job.weight_sync("policy", "trainer", ("rollout",))
@@ -272,8 +275,7 @@ def test_what_the_driver_makes_without_the_job_is_in_its_snapshots_and_comes_bac
     placement_cfg = {"component_placement": {"trainer": "0", "rollout": "1-2"}}
     folder = SnapshotFolder(tmp_path / "s")
     with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:
-        config = {"cluster": cluster.config}
-        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), snapshots=folder)
+        job = job_on(cluster, snapshots=folder)
         try:
             trainer, rollout = job.launch(Publisher, "trainer"), job.launch(Reader, "rollout")
             sync = hwplace.WeightSync.create("direct", "trainer", ("rollout",), cluster=cluster)
@@ -287,8 +289,7 @@ def test_what_the_driver_makes_without_the_job_is_in_its_snapshots_and_comes_bac
         finally:
             job.shutdown()
     with process_cluster(1, 4, cluster_cfg=placement_cfg) as cluster:  # the driver and its cluster are new
-        config = {"cluster": cluster.config}
-        job = hwplace.Job(config, cluster, hwplace.ComponentPlacement(config, cluster), resume_from=folder.newest())
+        job = job_on(cluster, resume_from=folder.newest())
         try:
             trainer, rollout = job.launch(Publisher, "trainer"), job.launch(Reader, "rollout")
             sync = hwplace.WeightSync.create("direct", "trainer", ("rollout",), cluster=cluster)
