@@ -75,6 +75,7 @@ class WorkerHost:
         self._context = context
         self._failure: RemoteFailure | None = None
         self._worker: Worker | None = None
+        self._constructed = threading.Event()  # set once ready() has run the constructor (whatever it raised)
         self._calls = AsyncCalls()
 
     def ready(self) -> RemoteFailure | None:
@@ -85,6 +86,7 @@ class WorkerHost:
             outcome = start_worker(lambda: cloudpickle.loads(payload), self._context, args, kwargs)
             self._failure = outcome if isinstance(outcome, RemoteFailure) else None
             self._worker = outcome if isinstance(outcome, Worker) else None
+            self._constructed.set()
         return self._failure
 
     @ray.method(concurrency_group="watch")
@@ -102,7 +104,9 @@ class WorkerHost:
     @ray.method(concurrency_group="async")
     def call_async(self, call: str, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """An ``async def`` method on the host's loop, this thread waiting until it has ended; ``call`` names it
-        for :meth:`cancel`."""
+        for :meth:`cancel`. One sent right after a restart waits for the constructor, which runs on the plain
+        methods' thread (the driver sends it first)."""
+        self._constructed.wait()
         if self._worker is None:
             return self._failure
         return _returned(self._calls.run(call, run_method_async(self._worker, method, args, kwargs)))

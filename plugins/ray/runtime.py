@@ -84,7 +84,7 @@ class RayGroupRuntime(GroupRuntime):
         shared = (payload, request.args, dict(request.kwargs))  # kept: restarts construct again
         self._host = host
         self.incarnations = Incarnations(len(self.specs))
-        self._restart_lock = threading.Lock()
+        self._restart_lock = threading.RLock()  # a restart reads its targets under it
         self._deaths: queue.SimpleQueue[tuple[int, int, concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
         with _pickled(self.name, range(len(self.specs)), "the constructor", request.args, request.kwargs):
             # bulky: in the object store once for all ranks; else with each actor's creation, which saves each new
@@ -143,7 +143,15 @@ class RayGroupRuntime(GroupRuntime):
                     ray.kill(self.actors[rank], no_restart=True)
                 self.actors[rank] = self._start(rank, attempt, cause)
                 self._watch_actor(rank, incarnation, self.actors[rank])
-        return RayHandle(self, tuple(ranks), [self.actors[r].ready.remote() for r in ranks], "the constructor")
+            targets = self._targets(ranks)  # the constructors are sent before any call can reach the new
+            refs = [actor.ready.remote() for actor, _ in targets]  # processes: an actor runs its calls in order
+        return RayHandle(self, tuple(ranks), refs, targets, "the constructor")
+
+    def _targets(self, ranks: Sequence[int]) -> list[tuple[Any, int]]:
+        """Each rank's current process and its incarnation, read together: a restart numbers the new process
+        before it starts it, so a call read in between would reach the old process and blame the new one."""
+        with self._restart_lock:
+            return [(self.actors[r], self.incarnations.current(r)) for r in ranks]
 
     def check_session(self, what: str) -> None:
         """Refuse to go on once the Ray session the group ran in has ended: calling Ray then would raise Ray's
@@ -155,21 +163,23 @@ class RayGroupRuntime(GroupRuntime):
 
     def ready(self) -> Handle:
         self.check_session("the constructor")
-        return RayHandle(self, tuple(range(len(self.actors))), [a.ready.remote() for a in self.actors],
+        targets = self._targets(range(len(self.specs)))
+        return RayHandle(self, tuple(range(len(self.specs))), [a.ready.remote() for a, _ in targets], targets,
                          "the constructor")
 
     def call(self, ranks: Sequence[int], method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Handle:
         self.check_session(f"{method}()")
         sent: tuple[Any, Any] = (args, kwargs)
+        targets = self._targets(ranks)
         with _pickled(self.name, ranks, f"{method}()", args, kwargs):
             if len(ranks) > 1 and _bulky((*args, *kwargs.values())):
                 sent = (ray.put(args), ray.put(kwargs))  # serialised once, not once per rank; Ray resolves them
             if inspect.iscoroutinefunction(getattr(self.worker_class, method, None)):  # run on the host's loop
                 call = os.urandom(8).hex()  # what cancel() names it by
-                refs = [self.actors[r].call_async.remote(call, method, *sent) for r in ranks]
+                refs = [actor.call_async.remote(call, method, *sent) for actor, _ in targets]
             else:
-                call, refs = "", [self.actors[r].call.remote(method, *sent) for r in ranks]
-        return RayHandle(self, tuple(ranks), refs, f"{method}()", call)
+                call, refs = "", [actor.call.remote(method, *sent) for actor, _ in targets]
+        return RayHandle(self, tuple(ranks), refs, targets, f"{method}()", call)
 
     def shutdown(self) -> None:
         self.incarnations.close()
@@ -267,12 +277,13 @@ def _pickled(group: str, ranks: Sequence[int], what: str, args: tuple[Any, ...],
 class RayHandle(Handle):
     """Results of one call on some ranks of a group, gathered as they arrive; the first failure is raised."""
 
-    def __init__(self, runtime: RayGroupRuntime, ranks: tuple[int, ...], refs: list[Any], what: str,
-                 call: str = "") -> None:
+    def __init__(self, runtime: RayGroupRuntime, ranks: tuple[int, ...], refs: list[Any],
+                 targets: list[tuple[Any, int]], what: str, call: str = "") -> None:
         self._runtime = runtime
         self._call = call  # an async method's call, named for WorkerHost.cancel; "" for a plain one
         self._ranks = ranks
-        self._incarnations = [runtime.incarnations.current(r) for r in ranks]
+        self._actors = [actor for actor, _ in targets]  # the processes called: a cancel reaches these, not their
+        self._incarnations = [incarnation for _, incarnation in targets]  # successors, and a death is theirs
         self._refs = refs
         self._what = what
         self._index = {ref: i for i, ref in enumerate(refs)}
@@ -374,12 +385,12 @@ class RayHandle(Handle):
         self._cancelled = True
         if self._call:  # an async method: its host cancels its asyncio task
             for ref in running:
-                self._runtime.actors[self._ranks[self._index[ref]]].cancel.remote(self._call)
+                self._actors[self._index[ref]].cancel.remote(self._call)
             return True
         if not force:
             return False
         for ref in running:  # a plain method: only ending its process stops it
-            ray.kill(self._runtime.actors[self._ranks[self._index[ref]]], no_restart=True)
+            ray.kill(self._actors[self._index[ref]], no_restart=True)
         return True
 
     def __repr__(self) -> str:

@@ -85,12 +85,12 @@ def test_a_checker_hashes_each_chunk_once_the_header_says_it_is_written_and_post
     ref, digests = pool.write(1, SIZES, paced(), started)
     assert wait_posted(boards[1], ref.serial) == digests  # waits while the checker holds the board
     assert digests == [digest(b) for b in buckets(1)]
-    for board in boards:
-        board.close()
-    for _ in range(60_000):
+    for _ in range(60_000):  # the checker lets go of the board after posting: its board is closed only then
         if results:
             break
         threading.Event().wait(0.001)
+    for board in boards:
+        board.close()
     assert results == [True]
 
 

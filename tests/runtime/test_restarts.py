@@ -11,6 +11,7 @@ import faulthandler
 import io
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -375,5 +376,66 @@ def test_a_rank_that_exits_or_crashes_comes_back_in_place_as_a_killed_one_does(c
             before = after
         status = group.status()
         assert [(s.state, s.restarts) for s in status] == [("serving", 2), ("serving", 0)]
+    finally:
+        group.shutdown()
+
+
+def test_a_call_made_while_its_rank_is_being_replaced_is_not_a_second_death(
+        cluster: hwplace.Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call made in the moment a restart replaces its rank's process (the new process's number given out, the
+    process itself not yet started) reaches the new process: it never goes to the old one while blaming the new
+    one, which made the old process's death, already being restarted, a second death that restarted it again.
+    The executor's own start of the new process is slowed here, so that the call lands in that moment."""
+    group = launch(cluster, "pair", hwplace.Restart(max_restarts=3))
+    runtime = type(group._runtime)  # the executor's runtime: its start of a process is slowed
+    starting = "_start" if hasattr(runtime, "_start") else "_start_message"  # Ray's; the process executor's
+    start = getattr(runtime, starting)
+    replacing = threading.Event()
+
+    def slow_start(self: Any, rank: int, attempt: int = 0, cause: str = "") -> Any:
+        if attempt:  # a restart: its new process is numbered, not yet started
+            replacing.set()
+            time.sleep(2)  # the moment, widened: the test's call is made in it
+        return start(self, rank, attempt, cause)
+
+    monkeypatch.setattr(runtime, starting, slow_start)
+    try:
+        before = group.execute_on(1).who().wait()[0]
+        os.kill(before["pid"], signal.SIGKILL)  # no call in flight: the executor's watch sees it and restarts
+        replacing.wait()
+        answer = group.execute_on(1).who().wait()[0]  # made once the restart had begun: the new process answers,
+        assert isinstance(answer, dict), answer  # once it is constructed
+        assert answer["pid"] != before["pid"], answer
+        status = restarted(group, 1)
+        assert [(s.state, s.restarts) for s in status] == [("serving", 0), ("serving", 1)], status
+        after = group.execute_on(1).who().wait()[0]
+        assert after["restarted_with"][:2] == (1, 1)
+    finally:
+        group.shutdown()
+
+
+class SlowToStart(hwplace.Worker):
+    """A constructor that takes a moment: a call sent meanwhile must wait for it, not find no worker there."""
+
+    def __init__(self) -> None:
+        time.sleep(1)
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+def test_an_async_call_sent_while_its_rank_s_new_process_is_constructed_waits_for_the_constructor(
+        cluster: hwplace.Cluster) -> None:
+    strategy = hwplace.ComponentPlacement(cluster.config, cluster).get_strategy("other")
+    group = SlowToStart.create_group().launch(cluster, strategy, name="slow", restart=hwplace.Restart(max_restarts=2))
+    try:
+        before = group.execute_on(0).pid().wait()[0]
+        os.kill(before, signal.SIGKILL)
+        while group.status()[0].state != "restarting":  # the new process is started: its constructor runs
+            time.sleep(0.01)
+        after = group.execute_on(0).pid().wait()[0]  # an async method: on a thread apart from the constructor's
+        assert isinstance(after, int), after
+        assert after != before
+        assert [(s.state, s.restarts) for s in serving(group)] == [("serving", 1), ("serving", 0)]
     finally:
         group.shutdown()

@@ -14,6 +14,7 @@ import inspect
 import itertools
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -64,6 +65,7 @@ class ProcessGroupRuntime(GroupRuntime):
         self._zygote = zygote
         self._args, self._kwargs = request.args, dict(request.kwargs)
         self.incarnations = Incarnations(len(self.specs))
+        self._replacing = threading.Lock()  # held while a restart replaces processes: see _targets
         with _pickled(self.name, range(len(self.specs)), "the constructor", (request.worker_class, *request.args),
                       request.kwargs):
             self._payload, self._main = dumps(request.worker_class), _main_path(request.worker_class)
@@ -100,25 +102,35 @@ class ProcessGroupRuntime(GroupRuntime):
 
     def restart(self, ranks: Sequence[int], attempt: int, cause: str) -> Handle:
         """Start ``ranks`` again in place (see ``Restarts.restart``); a handle on their constructors."""
-        for rank in ranks:
-            self.incarnations.replace(rank)
-            old = self.workers[rank]
-            old.tell_stop("it was stopped to restart its group")
-            old.kill()
-            self.workers[rank] = self._process(rank, self._start_message(rank, attempt, cause))
-        return ProcessHandle(self, tuple(ranks), [self.workers[r].ready for r in ranks], 0, "the constructor")
+        with self._replacing:
+            for rank in ranks:
+                self.incarnations.replace(rank)
+                old = self.workers[rank]
+                old.tell_stop("it was stopped to restart its group")
+                old.kill()
+                self.workers[rank] = self._process(rank, self._start_message(rank, attempt, cause))
+        targets = self._targets(ranks)
+        return ProcessHandle(self, tuple(ranks), [w.ready for w, _ in targets], targets, 0, "the constructor")
+
+    def _targets(self, ranks: Sequence[int]) -> list[tuple[WorkerProcess, int]]:
+        """Each rank's current process and its incarnation, read together: a restart numbers the new process
+        before it starts it, so a call read in between would reach the old process and blame the new one."""
+        with self._replacing:
+            return [(self.workers[r], self.incarnations.current(r)) for r in ranks]
 
     def ready(self) -> Handle:
-        return ProcessHandle(self, tuple(range(len(self.workers))), [w.ready for w in self.workers], 0,
+        targets = self._targets(range(len(self.specs)))
+        return ProcessHandle(self, tuple(range(len(self.specs))), [w.ready for w, _ in targets], targets, 0,
                              "the constructor")
 
     def call(self, ranks: Sequence[int], method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Handle:
         call_id = next(self._ids)
         with _pickled(self.name, ranks, f"{method}()", args, kwargs):
             message = dumps(("call", call_id, method, args, dict(kwargs)))  # pickled once for every rank
-        futures = [self.workers[r].call(call_id, message) for r in ranks]
+        targets = self._targets(ranks)
+        futures = [worker.call(call_id, message) for worker, _ in targets]
         interruptible = inspect.iscoroutinefunction(getattr(self.worker_class, method, None))
-        return ProcessHandle(self, tuple(ranks), futures, call_id, f"{method}()", interruptible)
+        return ProcessHandle(self, tuple(ranks), futures, targets, call_id, f"{method}()", interruptible)
 
     def shutdown(self) -> None:
         self.incarnations.close()
@@ -154,11 +166,12 @@ class ProcessHandle(Handle):
     """Results of one call on some ranks of a group, gathered as they arrive; the first failure is raised."""
 
     def __init__(self, runtime: ProcessGroupRuntime, ranks: tuple[int, ...],
-                 futures: list[concurrent.futures.Future[Outcome]], call_id: int, what: str,
-                 interruptible: bool = False) -> None:
+                 futures: list[concurrent.futures.Future[Outcome]], targets: list[tuple[WorkerProcess, int]],
+                 call_id: int, what: str, interruptible: bool = False) -> None:
         self._runtime = runtime
         self._ranks = ranks
-        self._incarnations = [runtime.incarnations.current(r) for r in ranks]
+        self._workers = [worker for worker, _ in targets]  # the processes called: a cancel reaches these, not
+        self._incarnations = [incarnation for _, incarnation in targets]  # their successors; a death is theirs
         self._futures = futures
         self._call_id = call_id
         self._what = what
@@ -214,18 +227,18 @@ class ProcessHandle(Handle):
         return self._results()
 
     def cancel(self, force: bool = False) -> bool:
-        running = [(rank, f) for rank, f in zip(self._ranks, self._futures, strict=True) if not f.done()]
+        running = [worker for worker, f in zip(self._workers, self._futures, strict=True) if not f.done()]
         if not running:
             return False
         self._cancelled = True
         if self._interruptible:  # an async method: its task in the worker is cancelled
-            for rank, _ in running:
-                self._runtime.workers[rank].cancel(self._call_id)
+            for worker in running:
+                worker.cancel(self._call_id)
             return True
         if not force:
             return False
-        for rank, _ in running:  # a plain method: only ending its process stops it
-            self._runtime.workers[rank].kill()
+        for worker in running:  # a plain method: only ending its process stops it
+            worker.kill()
         return True
 
     def __repr__(self) -> str:

@@ -201,7 +201,8 @@ def test_the_job_survives_a_kill_of_every_component(hwplace_local_ray: LocalRay,
     ledger = summary["resilience"]
     assert (ledger["lost"], ledger["trained_twice"]) == (0, 0), ledger
     restarted = sorted((component, rank) for component, rank, *_ in ledger["restarts"])
-    assert restarted == sorted((group, rank) for group, *ranks in KILLS for rank in ranks), ledger["restarts"]
+    assert restarted == sorted((group, rank) for group, *ranks in KILLS for rank in ranks), "\n".join(
+        f"{name} rank {rank} after {seconds:.1f} s: {cause}" for name, rank, seconds, cause in ledger["restarts"])
     versions = [version for _, version in ledger["published"]]
     assert versions == sorted(versions), versions
     assert len(set(versions)) == len(versions), versions  # never reused
