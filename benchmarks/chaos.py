@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import collections
 import json
 import os
 import random
@@ -132,6 +133,14 @@ def stale_after_restart(kills: list[dict[str, Any]], summary: dict[str, Any]) ->
     return stale
 
 
+def restarts_without_a_kill(kills: list[dict[str, Any]], restarts: list[list[Any]]) -> int:
+    """Restarts in the job's ledger that no kill explains, per component and rank: a process restarted that was
+    not dead (each should be 0; a restart the ledger missed near the end counts for nothing here)."""
+    killed = collections.Counter((k["component"], k["rank"]) for k in kills)
+    restarted = collections.Counter((component, rank) for component, rank, *_ in restarts)
+    return sum(max(count - killed[key], 0) for key, count in restarted.items())
+
+
 def driver_kills(settings: dict[str, Any], kills: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     overrides = [f"job.{key}={json.dumps(value)}" for key, value in settings.items()]
@@ -197,6 +206,7 @@ def main() -> None:
         figures["workers"] = {
             "kills": len(kills), "by_component": {c: sum(k["component"] == c for k in kills) for c in CLASSES},
             "restarted_before_the_end": len(seconds),
+            "restarts_without_a_kill": restarts_without_a_kill(kills, ledger["restarts"]),
             "kill_to_serving_median": statistics.median(seconds) if seconds else None,
             "kill_to_serving_max": max(seconds, default=None),
             "lost": ledger["lost"], "trained_twice": ledger["trained_twice"],
